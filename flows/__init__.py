@@ -1,0 +1,1 @@
+"""Prefect flows composing the tasks into the MAGE lifecycle."""

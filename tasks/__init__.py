@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over :mod:`mage` with cache policies and retries."""
