@@ -1,0 +1,154 @@
+"""The small game API the rest of the pipeline relies on.
+
+A :class:`Game` knows its rules text, how to draw a reproducible :class:`InitialState`
+(deal, seat, board, level) from a seed, and how to start an :class:`Episode` from one.
+Every episode of a meta-episode starts from the same initial state, so an initial state is
+a plain, JSON-serialisable snapshot that replays exactly.
+
+An :class:`Episode` is one play-through. The agent acts through
+:meth:`Episode.apply_agent_actions`; the opponent (if any) moves inside the episode until
+it is the agent's turn again or the game is over. The rollout engine only needs:
+``legal_actions`` / ``action_aliases`` (for parsing), ``render_state`` and
+``render_history`` (for prompts), ``is_terminal``, ``outcome`` and ``agent_return``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Outcome(str, enum.Enum):
+    """Result of an episode from the agent's point of view."""
+
+    ONGOING = "ongoing"
+    WIN = "win"
+    DRAW = "draw"
+    LOSS = "loss"
+
+
+@dataclass(frozen=True)
+class InitialState:
+    """A replayable snapshot of where an episode starts.
+
+    ``data`` holds the game-specific part (Kuhn: the two cards; Tic-Tac-Toe: opening
+    moves, empty by default; Sokoban: the level). It must be JSON-serialisable so the
+    snapshot can be stored in the trajectory table and replayed elsewhere.
+    """
+
+    game: str
+    seed: int
+    agent_seat: int
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"game": self.game, "seed": self.seed, "agent_seat": self.agent_seat, "data": self.data},
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> InitialState:
+        raw = json.loads(text)
+        return cls(game=raw["game"], seed=int(raw["seed"]), agent_seat=int(raw["agent_seat"]), data=raw["data"])
+
+
+@dataclass(frozen=True)
+class Move:
+    """One move of an episode's history, kept in words for rendering."""
+
+    actor: str  # "agent" or "opponent"
+    action: int
+    name: str
+
+
+class Episode(ABC):
+    """One play-through of a game from an :class:`InitialState`."""
+
+    initial: InitialState
+    history: list[Move]
+
+    @property
+    @abstractmethod
+    def is_terminal(self) -> bool: ...
+
+    @abstractmethod
+    def legal_actions(self) -> dict[str, int]:
+        """Canonical action names (as shown to the agent) -> action ids, for the agent now."""
+
+    def action_aliases(self) -> dict[str, int]:
+        """Every accepted spelling (lower case) -> action id. Defaults to the canonical names."""
+        return {name.lower(): action for name, action in self.legal_actions().items()}
+
+    @abstractmethod
+    def apply_agent_actions(self, actions: Sequence[int]) -> None:
+        """Apply the agent's move(s), then let the opponent move until the agent's turn."""
+
+    @abstractmethod
+    def outcome(self) -> Outcome: ...
+
+    @abstractmethod
+    def agent_return(self) -> float:
+        """Scaled terminal payoff R(tau) for the agent (0 while the episode runs)."""
+
+    @abstractmethod
+    def render_state(self) -> str:
+        """What the agent sees now: its card or the board, with coordinates."""
+
+    def render_history(self) -> str:
+        """The episode's moves so far, one readable line each."""
+        if not self.history:
+            return "No moves yet."
+        return "\n".join(f"{i + 1}. {_actor_label(m.actor)} {m.name}" for i, m in enumerate(self.history))
+
+    @abstractmethod
+    def render_result(self) -> str:
+        """How a finished (terminal) episode ended, shown in later episodes' prompts."""
+
+    def describe_end(self) -> str:
+        """:meth:`render_result`, or the forfeit line for an episode cut by the turn limit."""
+        if self.is_terminal:
+            return self.render_result()
+        return "The turn limit was reached before the game ended: counted as a loss."
+
+
+def _actor_label(actor: str) -> str:
+    return "You:" if actor == "agent" else "Opponent:"
+
+
+class Game(ABC):
+    """A game: rules text, initial states and episodes.
+
+    ``payoff_scale`` turns the game's raw utility into the spec's episode return
+    (Kuhn: 5 x chips; Tic-Tac-Toe: 10 x {-1, 0, 1}; Sokoban: 10 on success).
+    """
+
+    name: str
+    num_players: int
+    payoff_scale: float
+    turn_limit: int
+    moves_per_turn: int = 1
+
+    @abstractmethod
+    def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
+        """Draw the initial state for ``seed`` with the agent in ``agent_seat`` (0 = first)."""
+
+    @abstractmethod
+    def new_episode(self, initial: InitialState, opponent: Any | None = None) -> Episode:
+        """Start an episode from ``initial``; the same snapshot always gives the same state."""
+
+    @abstractmethod
+    def rules_text(self) -> str:
+        """The task/rules block of every prompt."""
+
+    @abstractmethod
+    def render_initial_state(self, initial: InitialState) -> str:
+        """The initial-state block of every prompt (seat, card, board or level)."""
+
+    def forfeit_return(self) -> float:
+        """Return of an episode cut off by the turn limit before it ended (a loss)."""
+        return -self.payoff_scale if self.num_players == 2 else 0.0

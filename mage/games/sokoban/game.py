@@ -1,0 +1,146 @@
+"""Sokoban as a one-player game of the MAGE pipeline.
+
+The initial state stores the generated level itself (and its optimal length), not just
+the seed, so an episode replays the exact level without regenerating it: replay then does
+not depend on the generator's code or the numpy version staying the same.
+
+The agent gives up to ``moves_per_turn`` moves per turn; each word is one single move,
+the same unit as the solver's optimal length. A blocked move (into a wall or an immovable
+box) changes nothing but is still recorded, so the history shows what the agent tried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mage.games.base import Episode, Game, InitialState, Move, Outcome
+from mage.games.sokoban.generator import generate_level
+from mage.games.sokoban.level import BLOCKED, MOVE_NAMES, Level
+from mage.games.sokoban.solver import dead_squares, is_deadlocked
+
+ACTIONS = {name: action for action, name in enumerate(MOVE_NAMES)}  # up 0, down 1, left 2, right 3
+
+RULES = """\
+Game: Sokoban, one player.
+- Push every box onto a target. The board is a grid of cells: # wall, _ floor, $ box, \
+. target, * box on a target, @ you, + you standing on a target.
+- Cells are named by column letter (A, B, ... left to right) and row number (1, 2, ... top \
+to bottom): A1 is the top-left corner.
+- Each move takes you one cell up, down, left or right. Walking into a box pushes it one \
+cell further the same way. You cannot pull boxes, and you cannot push two boxes at once.
+- A move into a wall, or into a box with a wall or another box behind it, does nothing \
+(it still counts as a move).
+- A box pushed into a corner or against a wall may get stuck for good; plan ahead.
+- You have {turn_limit} turns. In each turn give 1 to {moves_per_turn} moves, in order, \
+separated by commas, for example <action>up, left, left</action>.
+- Your score: +{payoff:g} if all boxes are on targets before the turns run out, otherwise 0."""
+
+
+class Sokoban(Game):
+    name = "sokoban"
+    num_players = 1
+
+    def __init__(
+        self,
+        dim: tuple[int, int] = (6, 6),
+        num_boxes: int = 2,
+        min_moves: int = 5,
+        max_moves: int = 21,
+        turn_limit: int = 7,
+        moves_per_turn: int = 3,
+        payoff_scale: float = 10.0,
+        end_on_deadlock: bool = False,
+    ) -> None:
+        self.dim = (int(dim[0]), int(dim[1]))
+        self.num_boxes = num_boxes
+        self.min_moves = min_moves
+        self.max_moves = max_moves
+        self.turn_limit = turn_limit
+        self.moves_per_turn = moves_per_turn
+        self.payoff_scale = payoff_scale
+        self.end_on_deadlock = end_on_deadlock
+
+    def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
+        if agent_seat != 0:
+            raise ValueError(f"Sokoban has one player: agent_seat must be 0, got {agent_seat!r}")
+        level, optimal = generate_level(seed, self.dim, self.num_boxes, self.min_moves, self.max_moves)
+        return InitialState(self.name, int(seed), 0, {"level": level.to_data(), "optimal_moves": optimal})
+
+    def new_episode(self, initial: InitialState, opponent: Any | None = None) -> SokobanEpisode:
+        if opponent is not None:
+            raise ValueError("Sokoban is a one-player game: it takes no opponent")
+        return SokobanEpisode(self, initial)
+
+    def rules_text(self) -> str:
+        return RULES.format(turn_limit=self.turn_limit, moves_per_turn=self.moves_per_turn, payoff=self.payoff_scale)
+
+    def render_initial_state(self, initial: InitialState) -> str:
+        level = Level.from_data(initial.data["level"])
+        return f"Starting level ({len(level.boxes)} boxes):\n{level.render()}"
+
+
+class SokobanEpisode(Episode):
+    def __init__(self, game: Sokoban, initial: InitialState) -> None:
+        self.game = game
+        self.initial = initial
+        self.history = []
+        self.level = Level.from_data(initial.data["level"])
+        # Dead squares depend only on walls and targets, so they are computed once.
+        self._dead = dead_squares(self.level)
+
+    def apply_agent_actions(self, actions: Sequence[int]) -> None:
+        for action in actions:
+            if self.is_terminal:
+                break
+            if action not in ACTIONS.values():
+                raise ValueError(f"illegal Sokoban action {action!r}")
+            name = MOVE_NAMES[action]
+            self.level, effect = self.level.move(name)
+            self.history.append(Move("agent", int(action), f"{name} (blocked)" if effect == BLOCKED else name))
+
+    # -- queries -----------------------------------------------------------------------
+    @property
+    def solved(self) -> bool:
+        return self.level.is_solved
+
+    @property
+    def deadlocked(self) -> bool:
+        """Whether a box is provably stuck (dead square or 2x2 freeze): no win is possible."""
+        level = self.level
+        return is_deadlocked(level.walls, level.targets, level.boxes, self._dead)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.solved or (self.game.end_on_deadlock and self.deadlocked)
+
+    def legal_actions(self) -> dict[str, int]:
+        # Every direction is always allowed: a blocked move is a legal no-op.
+        return {} if self.is_terminal else dict(ACTIONS)
+
+    def outcome(self) -> Outcome:
+        if self.solved:
+            return Outcome.WIN
+        return Outcome.LOSS if self.is_terminal else Outcome.ONGOING
+
+    def agent_return(self) -> float:
+        return self.game.payoff_scale if self.solved else 0.0
+
+    def render_state(self) -> str:
+        level = self.level
+        lines = [
+            "Board:",
+            level.render(),
+            f"Boxes on targets: {level.boxes_on_targets} of {len(level.boxes)}. Moves made: {len(self.history)}.",
+        ]
+        if self.deadlocked:
+            lines.append("A box is stuck where it can never reach a target: the level can no longer be solved.")
+        return "\n".join(lines)
+
+    def render_result(self) -> str:
+        moves = len(self.history)
+        if self.solved:
+            head = f"Solved: all boxes on targets in {moves} move{'s' if moves != 1 else ''}."
+        else:
+            head = f"Stuck after {moves} moves: a box can never reach a target, so the level could not be solved."
+        return f"{head} Final board:\n{self.level.render()}"

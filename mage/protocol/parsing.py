@@ -1,0 +1,141 @@
+"""Parsing of model replies: ``<action>...</action>`` and ``<remark>...</remark>``.
+
+Model output is untrusted input. Every function here takes any string (empty, huge,
+binary-looking, with nested or unclosed tags) and returns a result; none of them raises
+or evaluates anything. Rules (MAGE-SPEC section 2):
+
+* Completed ``<think>...</think>`` blocks are removed first (Qwen3 thinking may quote
+  tags while deliberating); an unclosed ``<think>`` swallows the rest of the reply.
+* The first ``<action>`` tag counts; its content runs to the first ``</action>`` after it.
+  Nested opening tags inside it, an unclosed tag, or no tag at all make the reply invalid.
+* The content is matched, case-insensitively and ignoring surrounding quotes and
+  punctuation, against the legal actions' accepted spellings. Games with several moves per
+  turn (Sokoban: up to 3) take a comma- or space-separated list.
+* A reflection is the content of the first ``<remark>`` tag; a missing or empty one gives
+  an empty reflection and counts as invalid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Replies longer than this are cut before parsing: no legitimate reply is this long, and
+# it bounds the work a pathological string can cause.
+MAX_PARSE_CHARS = 200_000
+_SHOWN_CHARS = 40  # how much of a bad action string an error reason quotes
+
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.IGNORECASE | re.DOTALL)
+_MOVE_SEPARATORS = re.compile(r"[\s,;|>/\-]+")
+_STRIP_CHARS = " \t\r\n\"'`.!?:*()[]{}"
+
+
+@dataclass(frozen=True)
+class TagContent:
+    """Content of the first ``<tag>...</tag>``; ``content`` is None when ``reason`` says why."""
+
+    content: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    """A parsed action: the move(s) to apply, or the reason the reply is invalid."""
+
+    actions: tuple[int, ...]
+    text: str | None  # the tag's content as the model wrote it (None: no usable tag)
+    reason: str | None  # None when valid
+
+    @property
+    def valid(self) -> bool:
+        return self.reason is None
+
+
+@dataclass(frozen=True)
+class ParsedRemark:
+    """A parsed reflection; ``text`` is empty when it is missing or invalid."""
+
+    text: str
+    reason: str | None
+
+    @property
+    def valid(self) -> bool:
+        return self.reason is None
+
+
+def strip_thinking(response: str) -> str:
+    """Remove ``<think>...</think>`` blocks, an unclosed trailing one, and thinking whose
+    opening tag was part of the prompt (text up to a stray ``</think>``)."""
+    text = _THINK_BLOCK.sub(" ", response)
+    stray = text.lower().rfind("</think>")
+    return text[stray + len("</think>"):] if stray >= 0 else text
+
+
+def extract_tag(response: str, tag: str) -> TagContent:
+    """Content of the first ``<tag>`` up to the next ``</tag>``, thinking removed."""
+    if not isinstance(response, str):
+        return TagContent(None, "reply is not text")
+    text = strip_thinking(response[:MAX_PARSE_CHARS])
+    lowered = text.lower()
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    start = lowered.find(opening)
+    if start < 0:
+        return TagContent(None, f"no <{tag}> tag")
+    body_start = start + len(opening)
+    end = lowered.find(closing, body_start)
+    if end < 0:
+        return TagContent(None, f"unclosed <{tag}> tag")
+    if lowered.find(opening, body_start, end) >= 0:
+        return TagContent(None, f"nested <{tag}> tag")
+    return TagContent(text[body_start:end], None)
+
+
+def normalise(text: str) -> str:
+    """Lower case, outer quotes/punctuation removed, inner white space collapsed."""
+    return " ".join(text.strip(_STRIP_CHARS).lower().split())
+
+
+def _shown(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+
+
+def parse_action(response: str, aliases: Mapping[str, int], max_moves: int = 1) -> ParsedAction:
+    """Parse the first ``<action>`` of ``response`` against ``aliases`` (spelling -> id).
+
+    With ``max_moves == 1`` the whole content must name one action. With more, the content
+    is a list of 1..max_moves actions separated by commas or white space.
+    """
+    found = extract_tag(response, "action")
+    if found.content is None:
+        return ParsedAction((), None, found.reason)
+    raw = found.content
+    whole = normalise(raw)
+    if not whole:
+        return ParsedAction((), raw, "empty <action> tag")
+    if whole in aliases:
+        return ParsedAction((aliases[whole],), raw, None)
+    if max_moves == 1:
+        return ParsedAction((), raw, f"'{_shown(raw)}' is not a legal action")
+    tokens = [normalise(t) for t in _MOVE_SEPARATORS.split(whole)]
+    tokens = [t for t in tokens if t]
+    if not tokens:
+        return ParsedAction((), raw, "empty <action> tag")
+    if len(tokens) > max_moves:
+        return ParsedAction((), raw, f"{len(tokens)} moves given, at most {max_moves} allowed")
+    unknown = [t for t in tokens if t not in aliases]
+    if unknown:
+        return ParsedAction((), raw, f"'{_shown(unknown[0])}' is not a legal move")
+    return ParsedAction(tuple(aliases[t] for t in tokens), raw, None)
+
+
+def parse_remark(response: str) -> ParsedRemark:
+    """Parse the reflection in the first ``<remark>`` tag."""
+    found = extract_tag(response, "remark")
+    if found.content is None:
+        return ParsedRemark("", found.reason)
+    text = found.content.strip()
+    if not text:
+        return ParsedRemark("", "empty <remark> tag")
+    return ParsedRemark(text, None)

@@ -1,0 +1,106 @@
+"""The text protocol's parsers: exact behaviour on examples, and never raising on any string."""
+
+from __future__ import annotations
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from mage.protocol.parsing import MAX_PARSE_CHARS, extract_tag, parse_action, parse_remark
+
+KUHN_OPEN = {"check": 0, "bet": 1, "pass": 0}
+SOKOBAN = {"up": 0, "down": 1, "left": 2, "right": 3}
+TTT = {"a1": 0, "b1": 1, "c1": 2, "a2": 3, "b2": 4, "c2": 5, "a3": 6, "b3": 7, "c3": 8}
+
+
+def test_first_action_tag_counts():
+    parsed = parse_action("<action>bet</action> then <action>check</action>", KUHN_OPEN)
+    assert parsed.valid and parsed.actions == (1,)
+
+
+def test_case_quotes_and_punctuation_are_ignored():
+    assert parse_action('Reasoning... <ACTION> "Check." </ACTION>', KUHN_OPEN).actions == (0,)
+    assert parse_action("<action>B2</action>", TTT).actions == (4,)
+
+
+def test_invalid_replies_say_why():
+    assert parse_action("I will bet", KUHN_OPEN).reason == "no <action> tag"
+    assert parse_action("<action>bet", KUHN_OPEN).reason == "unclosed <action> tag"
+    assert parse_action("<action><action>bet</action></action>", KUHN_OPEN).reason == "nested <action> tag"
+    assert parse_action("<action>  </action>", KUHN_OPEN).reason == "empty <action> tag"
+    assert parse_action("<action>raise</action>", KUHN_OPEN).reason == "'raise' is not a legal action"
+    long = parse_action("<action>" + "x" * 500 + "</action>", KUHN_OPEN).reason
+    assert long is not None and len(long) < 80  # the reason quotes a bounded excerpt
+
+
+def test_thinking_is_not_parsed():
+    reply = "<think>maybe <action>bet</action>? no.</think><action>check</action>"
+    assert parse_action(reply, KUHN_OPEN).actions == (0,)
+    # Thinking whose opening tag was in the prompt ends at a stray </think>.
+    assert parse_action("hmm <action>bet</action></think> <action>check</action>", KUHN_OPEN).actions == (0,)
+    # A reply cut off while thinking has no action.
+    assert not parse_action("<think>let me see <action>bet</action>", KUHN_OPEN).valid
+
+
+def test_sokoban_takes_up_to_three_moves():
+    assert parse_action("<action>up, left,left</action>", SOKOBAN, max_moves=3).actions == (0, 2, 2)
+    assert parse_action("<action>Right</action>", SOKOBAN, max_moves=3).actions == (3,)
+    assert parse_action("<action>up down left right</action>", SOKOBAN, max_moves=3).reason == (
+        "4 moves given, at most 3 allowed"
+    )
+    assert parse_action("<action>up, jump</action>", SOKOBAN, max_moves=3).reason == "'jump' is not a legal move"
+
+
+def test_remark():
+    assert parse_remark("ok <remark> Bet with K. </remark>").text == "Bet with K."
+    missing = parse_remark("I should bet more")
+    assert missing.text == "" and missing.reason == "no <remark> tag" and not missing.valid
+    assert parse_remark("<remark></remark>").reason == "empty <remark> tag"
+    assert parse_remark("<remark>unfinished").reason == "unclosed <remark> tag"
+
+
+def test_extract_tag_non_string_input():
+    assert extract_tag(None, "action").reason == "reply is not text"  # type: ignore[arg-type]
+
+
+TAGGY = st.sampled_from(
+    ["<action>", "</action>", "<remark>", "</remark>", "<think>", "</think>", "<", ">", "/", "bet", "up", ",", " "]
+)
+NOISE = st.one_of(st.text(), st.lists(TAGGY, max_size=30).map("".join))
+
+
+@settings(max_examples=400, deadline=None)
+@given(reply=NOISE, max_moves=st.integers(1, 3))
+@example(reply="<action>" * 10_000, max_moves=1)
+@example(reply="</action><action>bet</action>", max_moves=1)
+@example(reply="\x00<action>\udcff</action>", max_moves=3)
+def test_parse_action_never_raises_and_returns_legal_moves(reply, max_moves):
+    aliases = SOKOBAN if max_moves > 1 else KUHN_OPEN
+    parsed = parse_action(reply, aliases, max_moves=max_moves)
+    assert parsed.valid == (parsed.reason is None)
+    if parsed.valid:
+        assert 1 <= len(parsed.actions) <= max_moves
+        assert set(parsed.actions) <= set(aliases.values())
+    else:
+        assert parsed.actions == ()
+        assert isinstance(parsed.reason, str)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefix=st.text(), name=st.sampled_from(sorted(TTT)), suffix=st.text())
+def test_a_well_formed_tag_is_found_after_any_tag_free_prefix(prefix, name, suffix):
+    prefix = prefix.replace("<", "")  # no tag may open before ours
+    parsed = parse_action(f"{prefix}<action>{name.upper()}</action>{suffix}", TTT)
+    assert parsed.actions == (TTT[name],)
+
+
+@settings(max_examples=200, deadline=None)
+@given(reply=NOISE)
+def test_parse_remark_never_raises(reply):
+    remark = parse_remark(reply)
+    assert remark.valid == bool(remark.text)
+
+
+def test_huge_input_is_bounded():
+    reply = "a" * (MAX_PARSE_CHARS * 3) + "<action>bet</action>"
+    assert parse_action(reply, KUHN_OPEN).reason == "no <action> tag"  # beyond the parsed window
+    assert parse_action("<action>bet</action>" + "z" * (MAX_PARSE_CHARS * 3), KUHN_OPEN).actions == (1,)

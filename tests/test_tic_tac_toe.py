@@ -1,0 +1,140 @@
+"""Tic-Tac-Toe: episodes, replay, rendering and the opponents' moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from mage.games import InitialState, Outcome, make_game
+from mage.games.tic_tac_toe import cell_name
+from mage.opponents import make
+from mage.opponents.tic_tac_toe import PATTERNS
+
+LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+
+
+def state_after(*cells: str):
+    game = make_game("tic_tac_toe").openspiel_game
+    state = game.new_initial_state()
+    for cell in cells:
+        state.apply_action(["A1", "B1", "C1", "A2", "B2", "C2", "A3", "B3", "C3"].index(cell))
+    return state
+
+
+def test_cell_names_follow_the_drawn_board():
+    assert [cell_name(a) for a in range(9)] == ["A1", "B1", "C1", "A2", "B2", "C2", "A3", "B3", "C3"]
+    episode = make_game("tic_tac_toe").new_episode(
+        InitialState("tic_tac_toe", 0, 0, {"opening": []}), make("tic_tac_toe", "random")
+    )
+    episode.apply_agent_actions([2])  # C1: top row, right column
+    board = episode.render_state().split("Board:\n")[1].split("\n")[:4]
+    assert board[0] == "  A B C"
+    assert board[1].startswith("1 ") and board[1].split()[3] == "X"
+
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+def test_preferred_pattern_takes_first_empty_cell_else_random(pattern):
+    opponent = make("tic_tac_toe", "preferred_pattern", pattern=pattern)
+    priority = PATTERNS[pattern]
+    # Fill the first half of the list: it must take the next cell in the list.
+    taken = list(priority[: len(priority) // 2])
+    state = make_game("tic_tac_toe").openspiel_game.new_initial_state()
+    for cell in taken:
+        state.apply_action(cell)
+    probs = opponent.action_probabilities(state)
+    assert probs[priority[len(priority) // 2]] == 1.0
+    # With every listed cell taken, it plays uniformly over the rest.
+    if len(priority) < 9:
+        state = make_game("tic_tac_toe").openspiel_game.new_initial_state()
+        filler = [c for c in range(9) if c not in priority]
+        for cell in list(priority) + filler[: max(0, 4 - len(priority))]:
+            if state.is_terminal() or cell not in state.legal_actions():
+                continue
+            state.apply_action(cell)
+        if not state.is_terminal() and not set(priority) & set(state.legal_actions()):
+            legal = state.legal_actions()
+            assert opponent.action_probabilities(state) == {a: 1 / len(legal) for a in legal}
+
+
+def test_explicit_priority_list_by_cell_names():
+    opponent = make("tic_tac_toe", "preferred_pattern", priority=["C3", "A1"])
+    assert opponent.priority == (8, 0)
+    with pytest.raises(ValueError, match="exactly one of"):
+        make("tic_tac_toe", "preferred_pattern")
+    with pytest.raises(ValueError, match="unknown pattern"):
+        make("tic_tac_toe", "preferred_pattern", pattern="spiral")
+
+
+def _value(board: tuple, to_move: str) -> int:
+    """Independent negamax value for the player to move (1 win, 0 draw, -1 loss)."""
+    for a, b, c in LINES:
+        if board[a] != "." and board[a] == board[b] == board[c]:
+            return 1 if board[a] == to_move else -1
+    empty = [i for i, v in enumerate(board) if v == "."]
+    if not empty:
+        return 0
+    other = "O" if to_move == "X" else "X"
+    return max(-_value(board[:i] + (to_move,) + board[i + 1 :], other) for i in empty)
+
+
+def test_minimax_plays_only_optimal_moves():
+    opponent = make("tic_tac_toe", "minimax")
+    for cells in [(), ("A1",), ("B2", "A1"), ("A1", "B2", "C3"), ("A1", "A2", "B1")]:
+        state = state_after(*cells)
+        board = tuple(c.upper() if c in "xo" else "." for c in str(state).replace("\n", ""))
+        mover = "X" if state.current_player() == 0 else "O"
+        other = "O" if mover == "X" else "X"
+        values = {a: -_value(board[:a] + (mover,) + board[a + 1 :], other) for a in state.legal_actions()}
+        optimal = {a for a, v in values.items() if v == max(values.values())}
+        probs = opponent.action_probabilities(state)
+        assert {a for a, p in probs.items() if p > 0} == optimal
+        assert all(p == pytest.approx(1 / len(optimal)) for p in probs.values() if p > 0)
+
+
+def test_mcts_is_a_real_seeded_search():
+    opponent = make("tic_tac_toe", "mcts", max_simulations=100)
+    # X to move can win at C1 (A1, B1 taken): a search finds it.
+    win_now = state_after("A1", "A2", "B1", "B2")
+    # O to move must block X's A1-B1-C1 line at C1.
+    block = state_after("A1", "B2", "B1")
+    for seed in range(5):
+        opponent.reset(seed)
+        assert opponent.act(win_now) == 2
+        assert opponent.act(block) == 2
+    # Same seed, same moves; the estimated policy is a distribution over legal moves.
+    empty = state_after()
+    opponent.reset(3)
+    first = [opponent.act(empty) for _ in range(10)]
+    opponent.reset(3)
+    assert [opponent.act(empty) for _ in range(10)] == first
+    probs = opponent.action_probabilities(empty)
+    assert sorted(probs) == list(range(9)) and sum(probs.values()) == pytest.approx(1.0)
+    assert not opponent.explicit
+
+
+def test_episode_outcome_payoff_and_replay():
+    game = make_game("tic_tac_toe")
+    initial = game.initial_state(seed=5, agent_seat=1)
+    assert initial == InitialState.from_json(initial.to_json())
+    # Agent is O; the opponent (reading order: A1, B1, C1, ...) moves first.
+    opponent = make("tic_tac_toe", "preferred_pattern", pattern="reading_order")
+    episode = game.new_episode(initial, opponent)
+    assert [m.name for m in episode.history] == ["X at A1"]
+    episode.apply_agent_actions([4])  # O at B2; X takes B1
+    episode.apply_agent_actions([2])  # O at C1 blocks; X takes A2
+    episode.apply_agent_actions([6])  # O at A3 wins the anti-diagonal C1-B2-A3
+    assert episode.outcome() == Outcome.WIN and episode.agent_return() == 10.0
+    assert episode.render_result().startswith("You won.")
+    again = game.new_episode(InitialState.from_json(initial.to_json()), opponent)
+    again.apply_agent_actions([4])
+    again.apply_agent_actions([2])
+    again.apply_agent_actions([6])
+    assert again.state.history() == episode.state.history()
+
+
+def test_opening_moves_are_part_of_the_snapshot():
+    game = make_game("tic_tac_toe", opening_moves=2)
+    initial = game.initial_state(seed=11)
+    assert len(initial.data["opening"]) == 2
+    assert game.initial_state(seed=11) == initial
+    episode = game.new_episode(initial, make("tic_tac_toe", "random"))
+    assert episode.state.history()[:2] == initial.data["opening"]
