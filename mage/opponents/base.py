@@ -1,0 +1,63 @@
+"""Opponents of OpenSpiel games as OpenSpiel policies.
+
+Every opponent is an ``open_spiel.python.policy.Policy``: ``action_probabilities(state,
+player_id)`` gives its action distribution, so OpenSpiel's best-response and
+exploitability code runs on it unchanged. For play it adds ``reset(seed)`` and
+``act(state)``, which draws a move from the opponent's own seeded generator: the same seed
+always gives the same game.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyspiel
+from open_spiel.python import policy as openspiel_policy
+
+
+class Opponent(openspiel_policy.Policy):
+    """A fixed opponent of a two-player OpenSpiel game.
+
+    ``deterministic``: ``action_probabilities`` is one-hot everywhere.
+    ``explicit``: ``action_probabilities`` is the exact policy (False for search-based
+    players whose distribution can only be estimated by sampling, such as MCTS).
+    """
+
+    rule: str = ""  # the registry name, e.g. "conservative"
+    description: str = ""
+    deterministic: bool = False
+    explicit: bool = True
+
+    def __init__(self, game: pyspiel.Game, **params: Any) -> None:
+        super().__init__(game, list(range(game.num_players())))
+        self.game = game
+        self.params = dict(params)
+        self._rng = np.random.default_rng(0)
+
+    def reset(self, seed: int) -> None:
+        """Reseed the opponent's randomness (called at the start of every episode)."""
+        self._rng = np.random.default_rng(seed)
+
+    def act(self, state: pyspiel.State) -> int:
+        """Draw the opponent's move in ``state`` from ``action_probabilities``."""
+        probs = self.action_probabilities(state, state.current_player())
+        actions = sorted(probs)
+        weights = np.array([probs[a] for a in actions], dtype=float)
+        if self.deterministic:
+            return int(actions[int(np.argmax(weights))])
+        return int(actions[self._rng.choice(len(actions), p=weights / weights.sum())])
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-friendly summary for the population manifest."""
+        return {
+            "rule": self.rule,
+            "params": self.params,
+            "description": self.description,
+            "deterministic": self.deterministic,
+            "explicit_policy": self.explicit,
+        }
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({params})"

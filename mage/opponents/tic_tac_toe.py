@@ -1,0 +1,173 @@
+"""Tic-Tac-Toe opponents (MAGE-SPEC section 6).
+
+Training population: OpenSpiel's MCTS bot (uct_c 1.4, 100 simulations, random-rollout
+evaluator, solving on), six preferred-pattern players (first empty cell of a priority
+list, else uniformly random) and a uniform-random player. Held-out: MCTS with 1000
+simulations, a perfect minimax player and priority lists not used in training.
+
+MCTS is a real search (OpenSpiel's C++ ``MCTSBot``), seeded from the opponent's generator
+at every move. Its action distribution has no closed form: ``action_probabilities``
+estimates it from ``policy_samples`` independently seeded searches (a deterministic
+function of the state), which is what the Monte-Carlo ceilings use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from functools import cache
+
+import numpy as np
+import pyspiel
+from open_spiel.python.algorithms import minimax_solver
+
+from mage.games.tic_tac_toe import cell_name
+from mage.opponents.base import Opponent
+
+CELLS = {cell_name(a): a for a in range(9)}
+
+# Priority lists over OpenSpiel cells (row * 3 + column; 0 = A1 top left, 8 = C3).
+PATTERNS: dict[str, tuple[int, ...]] = {
+    # the six lists of the training population
+    "centre_first": (4,),
+    "corners_first": (0, 2, 6, 8),
+    "edges_first": (1, 3, 5, 7),
+    "main_diagonal": (0, 4, 8),
+    "anti_diagonal": (2, 4, 6),
+    # corners in reverse reading order starting at the bottom right, then the centre
+    "corners_bottom_right_then_centre": (8, 6, 2, 0, 4),
+    # unseen lists for generalisation
+    "top_row_first": (0, 1, 2),
+    "centre_then_edges": (4, 1, 3, 5, 7),
+    "reading_order": (0, 1, 2, 3, 4, 5, 6, 7, 8),
+}
+
+
+def _as_cell(value: int | str) -> int:
+    if isinstance(value, str):
+        if value.upper() not in CELLS:
+            raise ValueError(f"unknown cell {value!r}; cells are {sorted(CELLS)}")
+        return CELLS[value.upper()]
+    if not 0 <= int(value) <= 8:
+        raise ValueError(f"cell index must be 0..8, got {value!r}")
+    return int(value)
+
+
+class RandomOpponent(Opponent):
+    rule = "random"
+    description = "uniform random over empty cells"
+
+    def action_probabilities(self, state: pyspiel.State, player_id: int | None = None) -> dict[int, float]:
+        legal = state.legal_actions()
+        return {a: 1.0 / len(legal) for a in legal}
+
+
+class PreferredPatternOpponent(Opponent):
+    """Takes the first empty cell of its priority list, else a uniformly random cell."""
+
+    rule = "preferred_pattern"
+
+    def __init__(self, game: pyspiel.Game, pattern: str | None = None, priority: Sequence[int | str] | None = None) -> None:
+        if (pattern is None) == (priority is None):
+            raise ValueError(f"preferred_pattern: give exactly one of pattern= (one of {sorted(PATTERNS)}) or priority=")
+        if pattern is not None:
+            if pattern not in PATTERNS:
+                raise ValueError(f"preferred_pattern: unknown pattern {pattern!r}; known: {sorted(PATTERNS)}")
+            cells = PATTERNS[pattern]
+            super().__init__(game, pattern=pattern)
+        else:
+            cells = tuple(_as_cell(c) for c in priority)
+            super().__init__(game, priority=[cell_name(c) for c in cells])
+        self.priority = cells
+        self.deterministic = set(cells) == set(range(9))
+        self.description = "first empty cell of [" + ", ".join(cell_name(c) for c in cells) + "]" + (
+            "" if self.deterministic else ", else uniformly random"
+        )
+
+    def action_probabilities(self, state: pyspiel.State, player_id: int | None = None) -> dict[int, float]:
+        legal = state.legal_actions()
+        for cell in self.priority:
+            if cell in legal:
+                return {a: float(a == cell) for a in legal}
+        return {a: 1.0 / len(legal) for a in legal}
+
+
+@cache
+def minimax_table() -> dict:
+    """OpenSpiel's minimax solution of Tic-Tac-Toe: state string -> action values."""
+    return minimax_solver.MinimaxSolver("tic_tac_toe").solve()
+
+
+class MinimaxOpponent(Opponent):
+    """A perfect player: uniformly random among the minimax-optimal moves."""
+
+    rule = "minimax"
+    description = "perfect play (OpenSpiel minimax solver), uniform over optimal moves"
+
+    def action_probabilities(self, state: pyspiel.State, player_id: int | None = None) -> dict[int, float]:
+        legal = state.legal_actions()
+        values = minimax_table()[str(state)].action_values
+        best = max(values[a] for a in legal)
+        optimal = [a for a in legal if values[a] >= best - 1e-9]
+        return {a: (1.0 / len(optimal) if a in optimal else 0.0) for a in legal}
+
+
+def _stable_seed(*parts: object) -> int:
+    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class MCTSOpponent(Opponent):
+    """OpenSpiel's MCTS bot with a random-rollout evaluator."""
+
+    rule = "mcts"
+    explicit = False
+
+    def __init__(
+        self,
+        game: pyspiel.Game,
+        max_simulations: int = 100,
+        uct_c: float = 1.4,
+        n_rollouts: int = 1,
+        solve: bool = True,
+        policy_samples: int = 16,
+        max_memory_mb: int = 100,
+    ) -> None:
+        if max_simulations < 1 or n_rollouts < 1 or policy_samples < 1:
+            raise ValueError("mcts: max_simulations, n_rollouts and policy_samples must be >= 1")
+        super().__init__(game, max_simulations=max_simulations, uct_c=uct_c, n_rollouts=n_rollouts, solve=solve)
+        self.max_simulations, self.uct_c, self.n_rollouts, self.solve = max_simulations, uct_c, n_rollouts, solve
+        self.policy_samples = policy_samples
+        self.max_memory_mb = max_memory_mb
+        self.description = (
+            f"OpenSpiel MCTS, {max_simulations} simulations, uct_c {uct_c}, "
+            f"{n_rollouts} random rollout(s) per leaf, solve {'on' if solve else 'off'}"
+        )
+        self._estimates: dict[str, dict[int, float]] = {}
+
+    def _search(self, state: pyspiel.State, seed: int) -> int:
+        evaluator = pyspiel.RandomRolloutEvaluator(self.n_rollouts, seed)
+        bot = pyspiel.MCTSBot(
+            self.game, evaluator, self.uct_c, self.max_simulations, self.max_memory_mb, self.solve, seed, False
+        )
+        return int(bot.step(state))
+
+    def act(self, state: pyspiel.State) -> int:
+        return self._search(state, int(self._rng.integers(2**31 - 1)))
+
+    def action_probabilities(self, state: pyspiel.State, player_id: int | None = None) -> dict[int, float]:
+        """Monte-Carlo estimate: frequencies of the move chosen by independently seeded searches."""
+        key = str(state)
+        if key not in self._estimates:
+            counts = Counter(self._search(state, _stable_seed(key, k)) for k in range(self.policy_samples))
+            self._estimates[key] = {a: counts[a] / self.policy_samples for a in state.legal_actions()}
+        return dict(self._estimates[key])
+
+
+OPPONENTS = {
+    "mcts": MCTSOpponent,
+    "preferred_pattern": PreferredPatternOpponent,
+    "random": RandomOpponent,
+    "minimax": MinimaxOpponent,
+}

@@ -1,0 +1,90 @@
+"""Populations: declared in the Hydra tree, validated, seeded into a manifest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mage.config import compose
+from mage.population import load_manifest, population_entries, seed_population, write_manifest
+
+
+def test_training_populations_follow_the_spec():
+    kuhn = {e.id: e for e in population_entries(compose(["game=kuhn_poker"]))}
+    train = {i: e.share for i, e in kuhn.items() if e.split == "train"}
+    assert train == {"conservative": 0.3, "aggressive": 0.3, "intermediate": 0.4}
+    assert kuhn["cfr_greedy"].split == "held_out" and dict(kuhn["cfr_greedy"].params) == {"iterations": 1000, "play": "greedy"}
+
+    ttt = population_entries(compose(["game=tic_tac_toe"]))
+    shares = {}
+    for e in ttt:
+        if e.split == "train":
+            shares[e.opponent] = shares.get(e.opponent, 0) + e.share
+    assert shares == {"mcts": 0.5, "preferred_pattern": 0.375, "random": 0.125}
+    assert sum(e.opponent == "preferred_pattern" and e.split == "train" for e in ttt) == 6
+    mcts = {e.id: dict(e.params) for e in ttt if e.opponent == "mcts"}
+    assert mcts["mcts_100"]["max_simulations"] == 100 and mcts["mcts_1000"]["max_simulations"] == 1000
+    assert mcts["mcts_100"]["uct_c"] == 1.4 and mcts["mcts_100"]["solve"] is True
+
+    sokoban = {e.id: e for e in population_entries(compose(["game=sokoban"]))}
+    assert sokoban["boxes_2"].split == "train" and sokoban["boxes_1"].split == "held_out"
+    assert sokoban["boxes_3"].make_game(compose(["game=sokoban"]).game.params).num_boxes == 3
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["population.train.conservative.share=0.5"], "shares sum to 1.2"),
+        (["population.train.aggressive.opponent=shark"], r"population.train.aggressive: unknown opponent 'shark'"),
+        (["+population.held_out.bluffer.depth=3"], r"population.held_out.bluffer: unknown field\(s\) \['depth'\]"),
+        (["population.train.intermediate.share=-0.4"], "share must be > 0"),
+    ],
+)
+def test_bad_populations_are_rejected_with_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        population_entries(compose(["game=kuhn_poker", *overrides]))
+
+
+def test_kuhn_manifest(tmp_path):
+    manifest = seed_population(compose(["game=kuhn_poker"]), progress=False)
+    path = write_manifest(manifest, tmp_path / "population" / "kuhn_poker.json")
+    assert load_manifest(path) == json.loads(path.read_text())
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    by_id = {o["id"]: o for o in manifest["opponents"]}
+    conservative = by_id["conservative"]
+    assert conservative["split"] == "train" and conservative["share"] == 0.3 and conservative["deterministic"]
+    seat0 = conservative["ceilings"]["seat_0"]
+    assert seat0["best_response_payoff"]["method"] == "exact"
+    # scaled return = 5 x chips
+    assert seat0["best_response_return"]["value"] == pytest.approx(5 * seat0["best_response_payoff"]["value"])
+    mean = conservative["ceilings"]["mean"]["max_win_probability"]
+    assert mean == pytest.approx(0.5 * seat0["max_win_probability"]["value"] + 0.5 * conservative["ceilings"]["seat_1"]["max_win_probability"]["value"])
+    # Seeding is deterministic: equal config, equal bytes.
+    again = write_manifest(seed_population(compose(["game=kuhn_poker"]), progress=False), tmp_path / "again.json")
+    assert again.read_bytes() == path.read_bytes()
+
+
+def test_tic_tac_toe_manifest_labels_monte_carlo_ceilings():
+    cfg = compose([
+        "game=tic_tac_toe",
+        "population.ceilings.n_games=60",
+        "population.train.mcts_100.params.max_simulations=20",
+        "+population.train.mcts_100.params.policy_samples=4",
+        "~population.held_out.mcts_1000",
+    ])
+    manifest = seed_population(cfg, progress=False)
+    by_id = {o["id"]: o for o in manifest["opponents"]}
+    mcts = by_id["mcts_100"]["ceilings"]["seat_0"]["max_win_probability"]
+    assert mcts["method"] == "monte_carlo" and mcts["n_games"] == 60 and len(mcts["ci95"]) == 2
+    assert not by_id["mcts_100"]["explicit_policy"]
+    assert by_id["minimax"]["ceilings"]["mean"]["max_win_probability"] == 0.0
+    assert by_id["pattern_reading_order"]["deterministic"]
+
+
+def test_sokoban_manifest():
+    manifest = seed_population(compose(["game=sokoban"]), progress=False)
+    assert manifest["seat_split"] == 0.0
+    for record in manifest["opponents"]:
+        assert set(record["ceilings"]) == {"seat_0", "mean"}
+        assert record["ceilings"]["seat_0"]["max_win_probability"] == {"value": 1.0, "method": "by_construction"}
