@@ -1,0 +1,300 @@
+"""The ``hf`` backend: batched sampling with transformers' ``generate`` on CPU or GPU.
+
+Prompts are formatted with the tokenizer's chat template (Qwen3 thinking on or off),
+sorted by length and cut into micro-batches with left padding, so short prompts are not
+padded to the longest of the whole batch. A clean ``GenerationConfig`` is built for every
+call so a model's own defaults (repetition penalty, temperature, ...) never leak in.
+
+Two small hooks ride along ``generate``:
+
+* :class:`_RawLogProbs`, a logits processor that runs before the sampling warpers, keeps
+  the ``log_softmax`` of the raw logits of the current step only, and gathers the sampled
+  token's log-prob one step later (memory: one ``batch x vocab`` tensor, not one per step);
+* :class:`_FinishRecorder`, a stopping criterion wrapping transformers' own
+  ``StopStringCriteria``, records where each sequence ended (stop string or end of
+  sequence), so padding after the end is never mistaken for response tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
+
+from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
+from mage.backends.chat import format_prompt
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _RawLogProbs(LogitsProcessor):
+    """Records log p(sampled token) under the raw logits, one step behind the sampler."""
+
+    def __init__(self, prompt_length: int) -> None:
+        self.prompt_length = prompt_length
+        self.previous: torch.Tensor | None = None  # log_softmax of the last step's raw logits
+        self.steps: list[torch.Tensor] = []
+
+    def gather(self, sampled: torch.Tensor) -> None:
+        if self.previous is not None:
+            self.steps.append(self.previous.gather(1, sampled[:, None]).squeeze(1))
+            self.previous = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] > self.prompt_length:
+            self.gather(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def logprobs(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[batch, generated] log-probs once generation is over."""
+        self.gather(sequences[:, -1])
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)
+
+
+class _FinishRecorder(StoppingCriteria):
+    """Stops on stop strings or end of sequence and records each sequence's length."""
+
+    def __init__(self, stop: StopStringCriteria | None, eos_ids: Sequence[int], prompt_length: int, batch: int) -> None:
+        self.stop, self.prompt_length = stop, prompt_length
+        self.eos_ids = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
+        self.lengths = torch.full((batch,), -1, dtype=torch.long)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        done = torch.isin(input_ids[:, -1].cpu(), self.eos_ids)
+        if self.stop is not None:
+            done |= self.stop(input_ids, scores).cpu()
+        newly = done & (self.lengths < 0)
+        self.lengths[newly] = input_ids.shape[1] - self.prompt_length
+        return (self.lengths >= 0).to(input_ids.device)
+
+
+def _common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    first, length = sequences[0], min(len(s) for s in sequences)
+    for i in range(length):
+        token = first[i]
+        if any(s[i] != token for s in sequences):
+            return i
+    return length
+
+
+def _to_static(cache: Any, rows: torch.Tensor, config: Any, max_length: int) -> Any:
+    """Copy a dynamic cache's ``rows`` (repeats allowed) into a preallocated StaticCache."""
+    from transformers import StaticCache
+
+    static = StaticCache(config=config, max_cache_len=max_length)
+    for target, source in zip(static.layers, cache.layers):
+        keys, values = source.keys.index_select(0, rows), source.values.index_select(0, rows)
+        target.lazy_initialization(keys, values)
+        length = keys.shape[2]
+        target.keys[:, :, :length].copy_(keys)
+        target.values[:, :, :length].copy_(values)
+        target.cumulative_length.fill_(length)
+    return static
+
+
+class HFBackend(Backend):
+    """transformers backend; ``model`` may be a path, a hub name or a loaded model."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str | Path | PreTrainedModel,
+        tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
+        *,
+        adapter: str | Path | None = None,
+        dtype: str = "float32",
+        device: str | None = None,
+        batch_size: int = 64,
+        chat: bool = True,
+        enable_thinking: bool | None = None,
+        share_prefill: bool = True,
+    ) -> None:
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if isinstance(model, (str, Path)):
+            source = str(model)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype]).to(self.device)
+            tokenizer = tokenizer or source
+        if tokenizer is None:
+            raise ValueError("a loaded model needs its tokenizer")
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(adapter)).to(self.device)
+        self.model, self.tokenizer = model, tokenizer
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs a pad token for batched generation")
+        self.batch_size, self.chat, self.enable_thinking = batch_size, chat, enable_thinking
+        self.share_prefill = share_prefill
+        self.max_context_tokens = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self._stop_cache: dict[tuple[str, ...], StopStringCriteria] = {}
+        self._encoded: dict[str, list[int]] = {}
+
+    # -- prompts ---------------------------------------------------------------------------
+    def format(self, prompt: str) -> str:
+        return format_prompt(self.tokenizer, prompt, self.chat, self.enable_thinking)
+
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of the formatted prompts. The engine counts a step's prompts just before
+        generating them, so the ids are kept briefly instead of being computed twice."""
+        missing = sorted({p for p in prompts if p not in self._encoded})
+        if missing:
+            if len(self._encoded) + len(missing) > 4096:
+                self._encoded.clear()
+            ids = self.tokenizer([self.format(p) for p in missing], add_special_tokens=False)["input_ids"]
+            self._encoded.update(zip(missing, ids))
+        return [list(self._encoded[p]) for p in prompts]
+
+    def count_prompt_tokens(self, prompts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.encode(prompts)]
+
+    # -- generation ------------------------------------------------------------------------
+    def _stop_criteria(self, stop: tuple[str, ...]) -> StopStringCriteria | None:
+        # Building the criterion preprocesses the whole vocabulary: do it once per stop set.
+        if not stop:
+            return None
+        if stop not in self._stop_cache:
+            self._stop_cache[stop] = StopStringCriteria(self.tokenizer, list(stop))
+        return self._stop_cache[stop]
+
+    def _generation_config(self, sampling: SamplingSettings) -> GenerationConfig:
+        greedy = sampling.temperature == 0
+        return GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy or sampling.top_k == 0 else sampling.top_k,
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self._eos_ids(),
+        )
+
+    def _eos_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        ids |= set(configured if isinstance(configured, list) else [configured])
+        return sorted(i for i in ids if i is not None)
+
+    def _layout(self, prompt_ids: list[list[int]]) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Right-aligned rows: shared prefix, left padding, then each prompt's own suffix.
+
+        Returns the shared prefix length and the [batch, width] token ids and attention mask.
+        Without prefill sharing (or a shared prefix) this is plain left padding.
+        """
+        shared = _common_prefix_length(prompt_ids) if self.share_prefill and len(prompt_ids) > 1 else 0
+        shared = min(shared, min(len(ids) for ids in prompt_ids) - 1)  # every row keeps >= 1 own token
+        suffixes = [ids[shared:] for ids in prompt_ids]
+        longest = max(len(s) for s in suffixes)
+        pad = self.tokenizer.pad_token_id
+        prefix = prompt_ids[0][:shared]
+        rows = [prefix + [pad] * (longest - len(s)) + s for s in suffixes]
+        mask = [[1] * shared + [0] * (longest - len(s)) + [1] * len(s) for s in suffixes]
+        return shared, torch.tensor(rows, device=self.device), torch.tensor(mask, device=self.device)
+
+    def _shared_prefill(
+        self, prompt_ids: list[list[int]], shared: int, input_ids: torch.Tensor, mask: torch.Tensor, max_length: int
+    ):
+        """KV cache of every row but its last token, computing shared work once.
+
+        The prefix common to all rows is run once (batch 1); identical prompts (frequent:
+        a GiGPO group starts from one state) are run once each. The cache is then copied
+        out to all rows of a preallocated static cache of ``max_length`` tokens, so
+        decoding writes in place instead of concatenating a growing cache every step, and
+        ``generate`` only has to process each row's last token. This is what vLLM's prefix
+        caching does; a sequential loop has nothing to share.
+        """
+        from transformers import DynamicCache
+
+        unique: dict[tuple[int, ...], int] = {}
+        owner = [unique.setdefault(tuple(ids), len(unique)) for ids in prompt_ids]
+        first_rows = torch.tensor([owner.index(u) for u in range(len(unique))], device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        if shared:
+            self.model(input_ids=input_ids[:1, :shared], past_key_values=cache, use_cache=True)
+            cache.batch_repeat_interleave(len(unique))
+        width = input_ids.shape[1]
+        if width - 1 > shared:
+            rows_mask = mask[first_rows, : width - 1]
+            positions = (rows_mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+            self.model(
+                input_ids=input_ids[first_rows, shared : width - 1],
+                attention_mask=rows_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return _to_static(cache, torch.tensor(owner, device=self.device), self.model.config, max_length)
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+        shared, input_ids, attention = self._layout(prompt_ids)
+        width = input_ids.shape[1]
+        recorder = _RawLogProbs(width)
+        finish = _FinishRecorder(self._stop_criteria(sampling.stop), self._eos_ids(), width, len(prompt_ids))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            extra = {}
+            if self.share_prefill and width > 1:
+                max_length = width + sampling.max_new_tokens
+                extra["past_key_values"] = self._shared_prefill(prompt_ids, shared, input_ids, attention, max_length)
+            sequences = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                generation_config=self._generation_config(sampling),
+                logits_processor=LogitsProcessorList([recorder]),
+                stopping_criteria=StoppingCriteriaList([finish]),
+                **extra,
+            )
+        finally:
+            self.model.train(was_training)
+        logprobs = recorder.logprobs(sequences).cpu()
+        generated = sequences[:, width:].cpu()
+        results = []
+        for row, ids in enumerate(prompt_ids):
+            length = int(finish.lengths[row])
+            reason = "stop" if length >= 0 else "length"
+            length = generated.shape[1] if length < 0 else length
+            tokens = generated[row, :length].tolist()
+            results.append(
+                Generation(
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    prompt_token_ids=list(ids),
+                    token_ids=tokens,
+                    logprobs=logprobs[row, :length].tolist(),
+                    finish_reason=reason,
+                )
+            )
+        return results
+
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
+        if not requests:
+            return []
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        prompt_ids = self.encode([r.prompt for r in requests])
+        # Similar lengths share a micro-batch: little padding, fewer wasted FLOPs.
+        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+        results: list[Generation | None] = [None] * len(prompt_ids)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for index, generation in zip(chunk, self._generate_batch([prompt_ids[i] for i in chunk], sampling)):
+                results[index] = generation
+        return results  # type: ignore[return-value]

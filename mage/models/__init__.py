@@ -1,0 +1,1 @@
+"""Model presets: the locally built tiny model and the hub-loading path."""

@@ -1,0 +1,88 @@
+"""Building blocks of the locally built ``tiny`` model preset (no hub needed).
+
+* :func:`train_tokenizer`: a byte-level BPE tokenizer trained with the ``tokenizers``
+  library on the games' own text, with Qwen's ChatML chat template and special tokens
+  (``<|im_start|>``, ``<|im_end|>`` as end of turn, ``<|endoftext|>`` as padding). The
+  protocol tags are single tokens, which a small model finds easier to emit.
+* :func:`random_model`: a small Qwen2-architecture causal LM initialised from a seed.
+
+Both are saved with ``save_pretrained`` as an ordinary model directory and loaded back
+exactly as a hub model would be, with ``from_pretrained`` on the path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+PROTOCOL_TOKENS = ["<action>", "</action>", "<remark>", "</remark>", "<think>", "</think>"]
+
+# Qwen's ChatML layout; `enable_thinking` is accepted (and ignored) like Qwen2.5 templates do.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``corpus`` and wrap it as a transformers tokenizer."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[PAD, IM_START, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=IM_END,
+        pad_token=PAD,
+        additional_special_tokens=[IM_START],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    wrapped.add_tokens(PROTOCOL_TOKENS)
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def random_model(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 4,
+    intermediate_size: int = 384,
+    max_position_embeddings: int = 4096,
+    seed: int = 0,
+) -> Qwen2ForCausalLM:
+    """A Qwen2-architecture model with weights drawn from ``seed`` (tied embeddings)."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model

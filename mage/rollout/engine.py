@@ -1,0 +1,327 @@
+"""The meta-episode engine: many meta-episodes at once, one table row per LLM call.
+
+A meta-episode is N episodes against one hidden opponent from the same initial state,
+with a reflection between episodes (MAGE-SPEC section 2)::
+
+    play(1) -> reflect -> play(2) -> reflect -> ... -> play(N)
+
+Groups of ``group_size`` meta-episodes share an initial-state seed, a seat and an
+opponent (the GiGPO groups of ``mage.algo``). At every step the engine asks each live
+meta-episode for its next call and sends all of them to the backend in one batch; a
+meta-episode that has finished stops asking. ``concurrency`` bounds how many meta-
+episodes run together (1 gives the sequential baseline of the throughput benchmark).
+
+Rules applied here: the turn limit counts the agent's calls in an episode; an invalid
+reply changes nothing but uses up the turn; an episode cut by the turn limit is a loss
+with the game's forfeit return; with ``early_stop`` a won episode ends the meta-episode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+from tqdm.auto import tqdm
+
+from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
+from mage.games import Episode, Game, InitialState, Outcome
+from mage.population import PopulationEntry
+from mage.protocol import parse_action, parse_remark
+from mage.rollout import prompts
+from mage.rollout.schema import from_rows
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """How meta-episodes are played (``params/engine``)."""
+
+    episodes: int = 3
+    group_size: int = 8
+    early_stop: bool = True
+    context_mode: str = "reflection_only"
+    same_initial_state: bool = True
+    max_prompt_tokens: int | None = 4096
+    prompt_overflow: str = "drop_oldest"
+    concurrency: int | None = None  # live meta-episodes stepped together; None: all
+
+    def __post_init__(self) -> None:
+        if self.context_mode not in prompts.CONTEXT_MODES:
+            raise ValueError(f"context_mode must be one of {prompts.CONTEXT_MODES}, got {self.context_mode!r}")
+        if self.prompt_overflow not in prompts.OVERFLOW_RULES:
+            raise ValueError(f"prompt_overflow must be one of {prompts.OVERFLOW_RULES}, got {self.prompt_overflow!r}")
+        if self.episodes < 1 or self.group_size < 1:
+            raise ValueError("episodes and group_size must be >= 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1 or None, got {self.concurrency}")
+
+    @property
+    def reflects(self) -> bool:
+        return self.context_mode != "history_only"
+
+
+@dataclass(frozen=True)
+class MetaEpisodeSpec:
+    """What one meta-episode plays: its ids, opponent entry, seat and initial-state seed."""
+
+    meta_id: int
+    group_id: int
+    entry: PopulationEntry
+    seat: int
+    seed: int
+    index_in_group: int = 0
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from integer parts (numpy's SeedSequence: well mixed, reproducible)."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] >> 1)
+
+
+def allocate_groups(shares: Sequence[float], num_groups: int, rng: np.random.Generator) -> list[int]:
+    """Groups per entry by largest remainder (stratified, unlike independent draws)."""
+    quotas = np.asarray(shares, dtype=float) * num_groups
+    counts = np.floor(quotas).astype(int)
+    remainders = quotas - counts
+    order = np.lexsort((rng.random(len(shares)), -remainders))  # ties broken at random
+    for index in order[: num_groups - counts.sum()]:
+        counts[index] += 1
+    return counts.tolist()
+
+
+def plan_meta_episodes(
+    entries: Sequence[PopulationEntry],
+    num_groups: int,
+    group_size: int,
+    seed: int,
+    seat_split: float = 0.5,
+    num_seats: int = 2,
+) -> list[MetaEpisodeSpec]:
+    """Assign ``num_groups`` groups to entries by their shares, seats by ``seat_split``.
+
+    Entries with no share (held-out opponents in evaluation) are weighted equally.
+    """
+    rng = np.random.default_rng(seed)
+    shares = [e.share for e in entries]
+    if sum(shares) <= 0:
+        shares = [1.0 / len(entries)] * len(entries)
+    counts = allocate_groups(shares, num_groups, rng)
+    owners = [entry for entry, count in zip(entries, counts) for _ in range(count)]
+    seats = np.zeros(num_groups, dtype=int)
+    if num_seats > 1:
+        seats[rng.permutation(num_groups)[: int(round(seat_split * num_groups))]] = 1
+    specs = []
+    for group, (entry, seat) in enumerate(zip(owners, seats)):
+        group_seed = derive_seed(seed, group)
+        for index in range(group_size):
+            specs.append(MetaEpisodeSpec(group * group_size + index, group, entry, int(seat), group_seed, index))
+    return specs
+
+
+class MetaEpisode:
+    """The state machine of one meta-episode; it yields requests and consumes replies."""
+
+    def __init__(self, spec: MetaEpisodeSpec, game: Game, cfg: RolloutConfig, base: Mapping[str, Any]) -> None:
+        self.spec, self.game, self.cfg, self.base = spec, game, cfg, dict(base)
+        self.opponent = spec.entry.make_opponent()
+        self.first_initial = game.initial_state(spec.seed, spec.seat)
+        self.finished: list[prompts.EpisodeRecord] = []
+        self.rows: list[dict[str, Any]] = []
+        self.episode_rows: list[dict[str, Any]] = []
+        self.number = 0
+        self.phase = "play"
+        self.done = False
+        self._start_episode()
+
+    # -- episode lifecycle --------------------------------------------------------------
+    def _start_episode(self) -> None:
+        self.number += 1
+        self.initial = self.first_initial
+        if not self.cfg.same_initial_state and self.number > 1:
+            self.initial = self.game.initial_state(derive_seed(self.spec.seed, self.number), self.spec.seat)
+        if self.opponent is not None:
+            self.opponent.reset(derive_seed(self.spec.seed, self.spec.index_in_group, self.number))
+        self.episode: Episode = self.game.new_episode(self.initial, self.opponent)
+        self.turns = 0
+        self.phase = "play"
+        if self.episode.is_terminal:  # the opponent ended it before the agent moved
+            self._end_episode()
+
+    def _end_episode(self) -> None:
+        episode = self.episode
+        truncated = not episode.is_terminal
+        outcome = Outcome.LOSS if truncated else episode.outcome()
+        episode_return = self.game.forfeit_return() if truncated else episode.agent_return()
+        for row in self.episode_rows:
+            row.update(episode_return=episode_return, won=outcome == Outcome.WIN, draw=outcome == Outcome.DRAW, truncated=truncated)
+        if self.episode_rows:
+            self.episode_rows[-1]["step_reward"] = episode_return
+            self.episode_rows[-1]["done"] = True
+        self.rows += self.episode_rows
+        self.episode_rows = []
+        self.last = prompts.EpisodeRecord(self.number, episode.render_history(), episode.describe_end(), episode_return)
+        if self.number >= self.cfg.episodes or (self.cfg.early_stop and outcome == Outcome.WIN):
+            self.done = True
+        elif self.cfg.reflects:
+            self.phase = "reflect"
+        else:
+            self.finished.append(self.last)
+            self._start_episode()
+
+    # -- calls -----------------------------------------------------------------------------
+    def request(self, count_tokens, max_tokens: int | None) -> tuple[GenerationRequest, prompts.Prompt]:
+        common = dict(count_tokens=count_tokens, max_tokens=max_tokens, overflow=self.cfg.prompt_overflow)
+        if self.phase == "reflect":
+            prompt = prompts.reflect_prompt(
+                self.game, self.initial, self.finished, self.last, self.cfg.episodes, self.cfg.context_mode, **common
+            )
+        else:
+            prompt = prompts.play_prompt(
+                self.game, self.initial, self.finished, self.episode.render_state(),
+                self.number, self.cfg.episodes, self.cfg.context_mode, **common,
+            )
+        return GenerationRequest(prompt.text, self.phase, self.episode), prompt
+
+    def consume(self, prompt: prompts.Prompt, generation: Generation) -> None:
+        row = {
+            **self.base,
+            "group_id": self.spec.group_id,
+            "meta_id": self.spec.meta_id,
+            "game": self.game.name,
+            "opponent": self.spec.entry.id,
+            "seat": self.spec.seat,
+            "seed": self.spec.seed,
+            "initial_state": self.initial.to_json(),
+            "prompt": prompt.text,
+            "response": generation.text,
+            "prompt_token_ids": generation.prompt_token_ids,
+            "response_token_ids": generation.token_ids,
+            "response_logprobs": generation.logprobs,
+            "finish_reason": generation.finish_reason,
+            "dropped_episodes": prompt.dropped_episodes,
+            "step_reward": 0.0,
+            "done": False,
+        }
+        if self.phase == "reflect":
+            remark = parse_remark(generation.text)
+            row.update(episode=self.number + 1, turn=0, phase="reflect", observation=self.episode.render_state(),
+                       action=None, valid=remark.valid, invalid_reason=remark.reason)
+            self.finished.append(
+                prompts.EpisodeRecord(self.last.number, self.last.history, self.last.result, self.last.episode_return, remark.text)
+            )
+            self._start_episode()
+            self.episode_rows.append(row)  # it belongs to the episode it precedes
+            return
+        episode = self.episode
+        legal = episode.legal_actions()
+        parsed = parse_action(generation.text, episode.action_aliases(), self.game.moves_per_turn)
+        names = {action: name for name, action in legal.items()}
+        self.turns += 1
+        row.update(episode=self.number, turn=self.turns, phase="play", observation=episode.render_state(),
+                   action=", ".join(names[a] for a in parsed.actions) if parsed.valid else None,
+                   valid=parsed.valid, invalid_reason=parsed.reason)
+        self.episode_rows.append(row)
+        if parsed.valid:
+            episode.apply_agent_actions(parsed.actions)
+        if episode.is_terminal or self.turns >= self.game.turn_limit:
+            self._end_episode()
+
+
+@dataclass
+class RolloutStats:
+    """Where a rollout's time went (for the throughput benchmark and flow logs)."""
+
+    meta_episodes: int = 0
+    calls: int = 0
+    backend_calls: int = 0
+    generated_tokens: int = 0
+    total_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def outside_generation_share(self) -> float:
+        return 1.0 - self.generation_seconds / self.total_seconds if self.total_seconds else 0.0
+
+
+class RolloutEngine:
+    """Runs planned meta-episodes with a backend; see the module docstring."""
+
+    def __init__(self, backend: Backend, cfg: RolloutConfig, game_params: Mapping[str, Any] | None = None) -> None:
+        self.backend, self.cfg, self.game_params = backend, cfg, dict(game_params or {})
+        self.last_stats = RolloutStats()
+
+    def _count_tokens(self, text: str) -> int:
+        return self.backend.count_prompt_tokens([text])[0]
+
+    def _requests(self, live: Sequence[MetaEpisode], max_tokens: int | None) -> list:
+        """Every live meta-episode's next call. Prompts are counted in one batch; only those
+        over the limit are rebuilt under the overflow rule."""
+        calls = [meta.request(self._count_tokens, None) for meta in live]
+        if max_tokens is None:
+            return calls
+        counts = self.backend.count_prompt_tokens([request.prompt for request, _ in calls])
+        return [
+            meta.request(self._count_tokens, max_tokens) if count > max_tokens else call
+            for meta, call, count in zip(live, calls, counts)
+        ]
+
+    def run(
+        self,
+        specs: Sequence[MetaEpisodeSpec],
+        sampling: SamplingSettings,
+        run_id: str = "run",
+        iteration: int = 0,
+        progress: bool = True,
+    ) -> pl.DataFrame:
+        """Play every planned meta-episode; return their calls as a trajectory table."""
+        stats = RolloutStats(meta_episodes=len(specs))
+        started = time.perf_counter()
+        base = {"run_id": run_id, "iteration": iteration}
+        games = {}
+        pending = list(specs)
+        live: list[MetaEpisode] = []
+        finished: list[MetaEpisode] = []
+        max_tokens = self.cfg.max_prompt_tokens
+        context_room = self.backend.max_context_tokens - sampling.max_new_tokens
+        max_tokens = context_room if max_tokens is None else min(max_tokens, context_room)
+        limit = self.cfg.concurrency or len(specs)
+        bar = tqdm(total=len(specs), unit="meta-episode", desc=f"rollout {run_id}/{iteration}", disable=not progress)
+        step = 0
+        while pending or live:
+            while pending and len(live) < limit:
+                spec = pending.pop(0)
+                key = tuple(sorted(spec.entry.game_params.items()))
+                if key not in games:
+                    games[key] = spec.entry.make_game(self.game_params)
+                meta = MetaEpisode(spec, games[key], self.cfg, base)
+                (finished if meta.done else live).append(meta)
+            calls = self._requests(live, max_tokens)
+            step_sampling = sampling if sampling.seed is None else _reseeded(sampling, step)
+            t0 = time.perf_counter()
+            generations = self.backend.generate([request for request, _ in calls], step_sampling)
+            stats.generation_seconds += time.perf_counter() - t0
+            stats.backend_calls += 1
+            stats.calls += len(calls)
+            for meta, (_, prompt), generation in zip(live, calls, generations):
+                stats.generated_tokens += len(generation.token_ids)
+                meta.consume(prompt, generation)
+            done_now = [meta for meta in live if meta.done]
+            live = [meta for meta in live if not meta.done]
+            finished += done_now
+            bar.update(len(done_now))
+            bar.set_postfix(calls=stats.calls, refresh=False)
+            step += 1
+        bar.close()
+        stats.total_seconds = time.perf_counter() - started
+        self.last_stats = stats
+        rows = [row for meta in sorted(finished, key=lambda m: m.spec.meta_id) for row in meta.rows]
+        return from_rows(rows)
+
+
+def _reseeded(sampling: SamplingSettings, step: int) -> SamplingSettings:
+    from dataclasses import replace
+
+    return replace(sampling, seed=derive_seed(sampling.seed, step))

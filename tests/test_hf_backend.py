@@ -1,0 +1,145 @@
+"""The transformers backend on a small random model saved to a local directory."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mage.backends import GenerationRequest, SamplingSettings
+from mage.backends.hf import HFBackend
+from mage.backends.scripted import ScriptedBackend
+from mage.config import compose
+from mage.population import population_entries
+from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+
+
+def teacher_forced_logprobs(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+    """log p(response token | prefix) from one forward pass over prompt + response."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)
+    return logprobs.gather(1, torch.tensor(response_ids)[:, None]).squeeze(1).tolist()
+
+
+def test_logprobs_match_a_teacher_forced_pass(tiny_model_dir):
+    backend = HFBackend(tiny_model_dir, batch_size=3)  # the hub path: from_pretrained on a directory
+    prompts = ["Your card: King (K).", "Board:\n  A B C", "Game: Kuhn Poker, two players. " * 3, "x", "Moves so far:"]
+    sampling = SamplingSettings(temperature=0.8, top_p=0.9, top_k=50, max_new_tokens=24, seed=1)
+    generations = backend.generate([GenerationRequest(p) for p in prompts], sampling)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for generation in generations:
+        assert len(generation.logprobs) == len(generation.token_ids) > 0
+        expected = teacher_forced_logprobs(reference, generation.prompt_token_ids, generation.token_ids)
+        assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_left_padding_does_not_change_greedy_output(tiny_model_dir):
+    backend = HFBackend(tiny_model_dir, batch_size=8)
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=12)
+    short = "Your card: Jack (J)."
+    alone = backend.generate([GenerationRequest(short)], greedy)[0]
+    batched = backend.generate([GenerationRequest(short), GenerationRequest("Game: Tic-Tac-Toe " * 10)], greedy)[0]
+    assert batched.token_ids == alone.token_ids
+    assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+def test_shared_prefill_is_exact(tiny_model_dir):
+    """Shared-prefix and duplicate-prompt prefill gives the plain path's tokens and log-probs."""
+    rules = "Game: Kuhn Poker, two players. The deck has three cards. " * 4
+    prompts = [rules + "Your card: King (K).", rules + "Your card: King (K).", rules + "Board:", rules + "x " * 9]
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=10)
+    requests = [GenerationRequest(p) for p in prompts]
+    shared = HFBackend(tiny_model_dir, share_prefill=True).generate(requests, greedy)
+    plain = HFBackend(tiny_model_dir, share_prefill=False).generate(requests, greedy)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for a, b in zip(shared, plain):
+        assert a.token_ids == b.token_ids and a.prompt_token_ids == b.prompt_token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert a.logprobs == pytest.approx(teacher_forced_logprobs(reference, a.prompt_token_ids, a.token_ids), abs=1e-4)
+    sampled = HFBackend(tiny_model_dir).generate(requests, SamplingSettings(max_new_tokens=10, seed=3))
+    for generation in sampled:  # sampling from duplicated rows stays independent and exact
+        expected = teacher_forced_logprobs(reference, generation.prompt_token_ids, generation.token_ids)
+        assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def memorising_backend(tiny_model_dir):
+    """The tiny model trained to answer one prompt with '<action>bet</action>' and trailing text."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    backend = HFBackend(model, tokenizer)
+    prompt_ids = backend.encode(["Your card: King (K). It is your turn."])[0]
+    target = tokenizer("<action>bet</action> and then some more words", add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + target])
+    labels = ids.clone()
+    labels[0, : len(prompt_ids)] = -100
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = model(ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.05
+    return backend
+
+
+def test_stop_strings_end_the_reply(memorising_backend):
+    request = GenerationRequest("Your card: King (K). It is your turn.")
+    stopped = memorising_backend.generate([request], SamplingSettings(temperature=0.0, max_new_tokens=30))[0]
+    assert stopped.text == "<action>bet</action>" and stopped.finish_reason == "stop"
+    unstopped = memorising_backend.generate([request], SamplingSettings(temperature=0.0, max_new_tokens=30, stop=()))[0]
+    assert unstopped.text.startswith("<action>bet</action> and then")
+    capped = memorising_backend.generate([request], SamplingSettings(temperature=0.0, max_new_tokens=2))[0]
+    assert capped.finish_reason == "length" and len(capped.token_ids) == 2
+
+
+def test_lora_adapter_is_applied(tiny_model_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    adapted = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "adapter")
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=10)
+    request = [GenerationRequest("Your card: Queen (Q).")]
+    plain = HFBackend(tiny_model_dir).generate(request, greedy)[0]
+    with_adapter = HFBackend(tiny_model_dir, adapter=tmp_path / "adapter").generate(request, greedy)[0]
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    from peft import PeftModel
+
+    reference = PeftModel.from_pretrained(reference, tmp_path / "adapter")
+    expected = teacher_forced_logprobs(reference, with_adapter.prompt_token_ids, with_adapter.token_ids)
+    assert with_adapter.logprobs == pytest.approx(expected, abs=1e-4)
+    assert with_adapter.logprobs != pytest.approx(plain.logprobs, abs=1e-4) or with_adapter.token_ids != plain.token_ids
+
+
+def test_engine_rows_carry_policy_logprobs(tiny_model_dir):
+    cfg = compose(["game=kuhn_poker"])
+    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    specs = plan_meta_episodes(entries, num_groups=2, group_size=2, seed=0)
+    backend = HFBackend(tiny_model_dir, batch_size=8)
+    engine = RolloutEngine(backend, RolloutConfig(group_size=2, episodes=2), cfg.game.params)
+    table = engine.run(specs, SamplingSettings(max_new_tokens=16, seed=0), progress=False)
+    assert table.height >= len(specs)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for prompt_ids, response_ids, logprobs in table.select(
+        "prompt_token_ids", "response_token_ids", "response_logprobs"
+    ).iter_rows():
+        assert logprobs == pytest.approx(teacher_forced_logprobs(reference, prompt_ids, response_ids), abs=1e-4)
+    # A random model rarely speaks the protocol: its replies are invalid and use up turns.
+    assert table.filter(pl.col("phase") == "play")["invalid_reason"].null_count() < table.height
+
+
+def test_scripted_backend_with_a_tokenizer_gives_token_ids(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = compose(["game=kuhn_poker"])
+    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    specs = plan_meta_episodes(entries, num_groups=1, group_size=1, seed=0)
+    engine = RolloutEngine(ScriptedBackend("random", tokenizer=tokenizer), RolloutConfig(group_size=1), cfg.game.params)
+    table = engine.run(specs, SamplingSettings(), progress=False)
+    first = table.row(0, named=True)
+    assert tokenizer.decode(first["response_token_ids"]) == first["response"]
+    assert tokenizer.decode(first["prompt_token_ids"]).startswith("<|im_start|>user\nGame: Kuhn Poker")

@@ -1,0 +1,191 @@
+"""The meta-episode engine driven by the scripted backend: exact trajectories."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from mage.backends import SamplingSettings
+from mage.backends.scripted import ScriptedBackend
+from mage.config import compose
+from mage.games.kuhn_poker import BET, PASS
+from mage.population import PopulationEntry, population_entries
+from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes, read_trajectories, rollout_metrics, write_trajectories
+from mage.rollout.engine import MetaEpisodeSpec
+from mage.rollout.prompts import PromptTooLongError
+from mage.rollout.schema import SchemaError
+
+KUHN = compose(["game=kuhn_poker"])
+
+
+def entry(opponent: str, game: str = "kuhn_poker") -> PopulationEntry:
+    return PopulationEntry(id=opponent, game=game, opponent=opponent, split="train", share=1.0)
+
+
+def seed_for_deal(cards: list[int], seat: int = 0) -> int:
+    """The first seed whose Kuhn deal is ``cards`` (found through the game itself)."""
+    from mage.games import make_game
+
+    game = make_game("kuhn_poker")
+    return next(s for s in range(1000) if game.initial_state(s, seat).data["cards"] == cards)
+
+
+def run(specs, rule, cfg=RolloutConfig(group_size=1), backend=None, game_params=KUHN.game.params):
+    engine = RolloutEngine(backend or ScriptedBackend(rule, seed=0), cfg, game_params)
+    return engine.run(specs, SamplingSettings(), progress=False), engine
+
+
+def always(action: int):
+    return lambda episode: [action]
+
+
+J, Q, K = 0, 1, 2
+
+
+def test_losing_meta_episode_plays_every_episode_with_reflections():
+    # Agent (seat 0, J) always passes; aggressive (K) bets; the agent folds: -5 each episode.
+    spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
+    table, _ = run([spec], always(PASS))
+    assert table.height == 3 * 2 + 2  # 3 episodes of (check, fold) + 2 reflections
+    assert table["phase"].to_list() == ["play", "play", "reflect", "play", "play", "reflect", "play", "play"]
+    assert table["episode"].to_list() == [1, 1, 2, 2, 2, 3, 3, 3]
+    assert table["turn"].to_list() == [1, 2, 0, 1, 2, 0, 1, 2]
+    assert table["action"].to_list() == ["check", "fold", None, "check", "fold", None, "check", "fold"]
+    assert table["episode_return"].to_list() == [-5.0] * 8
+    assert table["step_reward"].to_list() == [0.0, -5.0, 0.0, 0.0, -5.0, 0.0, 0.0, -5.0]
+    assert table["done"].to_list() == [False, True, False, False, True, False, False, True]
+    assert not any(table["won"]) and all(table["valid"])
+    # The same deal in every episode.
+    deals = {json.loads(s)["data"]["cards"] == [J, K] for s in table["initial_state"]}
+    assert deals == {True}
+    assert all("Your card: Jack (J)" in o for o in table.filter(pl.col("phase") == "play")["observation"])
+    # Opponent moves come between the agent's turns.
+    second_call = table.filter((pl.col("phase") == "play") & (pl.col("turn") == 2))["observation"][0]
+    assert "1. You: check\n2. Opponent: bet" in second_call
+
+
+def test_early_stop_after_a_win_is_configurable():
+    # Agent (Q) bets; conservative (J) folds: a win in episode 1.
+    spec = MetaEpisodeSpec(0, 0, entry("conservative"), seat=0, seed=seed_for_deal([Q, J]))
+    table, _ = run([spec], always(BET))
+    assert table.height == 1 and table["won"].to_list() == [True] and table["episode_return"].to_list() == [5.0]
+    table, _ = run([spec], always(BET), RolloutConfig(group_size=1, early_stop=False))
+    assert table["phase"].to_list() == ["play", "reflect", "play", "reflect", "play"]
+    assert table["won"].all()
+
+
+@pytest.mark.parametrize(
+    "mode,reflections,shows_moves,shows_reflection",
+    [
+        ("reflection_only", 2, False, True),
+        ("history_only", 0, True, False),
+        ("history_and_reflection", 2, True, True),
+    ],
+)
+def test_context_modes(mode, reflections, shows_moves, shows_reflection):
+    spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
+    table, _ = run([spec], always(PASS), RolloutConfig(group_size=1, context_mode=mode))
+    assert (table["phase"] == "reflect").sum() == reflections
+    last_prompt = table.filter(pl.col("phase") == "play")["prompt"][-1]
+    earlier = last_prompt.split("# Earlier episodes")[1].split("# Episode 3 of 3")[0]
+    assert ("## Episode 1\nMoves:" in earlier) == shows_moves
+    assert ("Your reflection:" in earlier) == shows_reflection
+    assert "Result: You folded: you lost 1 chip. Score: -5." in earlier
+    assert last_prompt.startswith("Game: Kuhn Poker")  # rules always first
+
+
+def test_invalid_replies_use_up_turns_until_the_limit():
+    spec = MetaEpisodeSpec(0, 0, entry("conservative"), seat=0, seed=7)
+    table, _ = run([spec], "random", backend=ScriptedBackend("random", invalid_rate=1.0, seed=1))
+    play = table.filter(pl.col("phase") == "play")
+    assert play.height == 3 * 6  # turn limit 6 per episode, every reply invalid
+    assert not play["valid"].any() and play["invalid_reason"].null_count() == 0
+    assert play["truncated"].all() and set(play["episode_return"]) == {-5.0}  # forfeit: lose the ante
+    assert play.group_by("episode").agg(pl.col("turn").max())["turn"].to_list() == [6, 6, 6]
+
+
+def test_groups_seats_and_batched_calls():
+    entries = [e for e in population_entries(KUHN) if e.split == "train"]
+    specs = plan_meta_episodes(entries, num_groups=10, group_size=4, seed=3, seat_split=0.5)
+    assert len(specs) == 40
+    groups = {}
+    for s in specs:
+        groups.setdefault(s.group_id, set()).add((s.entry.id, s.seed, s.seat))
+    assert all(len(v) == 1 for v in groups.values())  # a group shares opponent, seed and seat
+    seats = [next(iter(v))[2] for v in groups.values()]
+    assert seats.count(1) == 5  # half the groups (so half the meta-episodes) seated second
+    per_opponent = {}
+    for v in groups.values():
+        opponent = next(iter(v))[0]
+        per_opponent[opponent] = per_opponent.get(opponent, 0) + 1
+    assert per_opponent == {"conservative": 3, "aggressive": 3, "intermediate": 4}  # shares 0.3/0.3/0.4
+
+    batches = []
+
+    class Spy(ScriptedBackend):
+        def generate(self, requests, sampling):
+            batches.append(len(requests))
+            return super().generate(requests, sampling)
+
+    table, engine = run(specs, "random", RolloutConfig(group_size=4), backend=Spy("random", seed=0))
+    assert batches[0] == 40 and sum(batches) == table.height
+    assert batches == sorted(batches, reverse=True)  # finished meta-episodes stop asking
+    assert engine.last_stats.backend_calls == len(batches)
+    # Seated second: the opponent has moved before the agent's first call.
+    first_calls = table.filter((pl.col("episode") == 1) & (pl.col("turn") == 1))
+    for seat, observation in first_calls.select("seat", "observation").iter_rows():
+        assert ("1. Opponent:" in observation) == (seat == 1)
+    # Sequential baseline: one request per backend call, same trajectories.
+    batches.clear()
+    sequential, _ = run(specs, "random", RolloutConfig(group_size=4, concurrency=1), backend=Spy("random", seed=0))
+    assert set(batches) == {1}
+    assert sequential.height > 0
+
+
+def test_tic_tac_toe_and_sokoban_rollouts():
+    ttt = compose(["game=tic_tac_toe"])
+    spec = MetaEpisodeSpec(0, 0, entry("random", "tic_tac_toe"), seat=1, seed=5)
+    table, _ = run([spec], "random", game_params=ttt.game.params)
+    first = table.filter(pl.col("phase") == "play")["observation"][0]
+    assert "1. Opponent: X at" in first and "Empty cells:" in first
+    assert table.filter(pl.col("done"))["episode_return"].is_in([10.0, 0.0, -10.0]).all()
+
+    sokoban = compose(["game=sokoban"])
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    table, _ = run([spec], "solver", game_params=sokoban.game.params)
+    optimal = json.loads(table["initial_state"][0])["data"]["optimal_moves"]
+    # The optimal solver solves episode 1 in ceil(optimal / 3) turns of up to 3 moves.
+    assert table.height == -(-optimal // 3) and table["won"].all()
+    assert all(len(a.split(", ")) <= 3 for a in table["action"])
+
+
+def test_prompt_overflow_rules():
+    spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
+    # Word counts stand in for tokens with the scripted backend; rules + state take ~230.
+    with pytest.raises(PromptTooLongError, match="overflow rule: error"):
+        run([spec], always(PASS), RolloutConfig(group_size=1, max_prompt_tokens=280, prompt_overflow="error"))
+    table, _ = run([spec], always(PASS), RolloutConfig(group_size=1, max_prompt_tokens=280, prompt_overflow="drop_oldest"))
+    last = table.filter(pl.col("phase") == "play")["prompt"][-1]
+    assert table["dropped_episodes"].max() >= 1
+    assert "earlier episode(s) omitted to fit the context window]" in last
+    assert last.startswith("Game: Kuhn Poker")  # never cut
+    with pytest.raises(PromptTooLongError, match="even with every earlier episode dropped"):
+        run([spec], always(PASS), RolloutConfig(group_size=1, max_prompt_tokens=50, prompt_overflow="drop_oldest"))
+
+
+def test_table_round_trip_and_schema_check(tmp_path):
+    specs = plan_meta_episodes([entry("random")], num_groups=2, group_size=2, seed=0)
+    table, _ = run(specs, "random", RolloutConfig(group_size=2))
+    path = write_trajectories(table, tmp_path / "rollout.parquet")
+    assert read_trajectories(path).equals(table)
+    with pytest.raises(SchemaError, match="seat"):
+        write_trajectories(table.with_columns(pl.col("seat").cast(pl.Float64)), tmp_path / "bad.parquet")
+    with pytest.raises(SchemaError, match="lacks column"):
+        read_trajectories(write_parquet(table.drop("valid"), tmp_path / "missing.parquet"))
+
+
+def write_parquet(table, path):
+    table.write_parquet(path)
+    return path
