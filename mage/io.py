@@ -48,3 +48,27 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def replace_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Build a directory with ``write(tmp_dir)`` (tmp_dir does not exist yet) and move it
+    to ``path`` in one rename; an existing ``path`` is replaced."""
+    import shutil
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.rmdir()
+    try:
+        write(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -86,3 +86,26 @@ def random_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+# -- building the preset -----------------------------------------------------------------
+def scripted_tables(game_name: str, rules: list[str], meta_episodes: int, seed: int, progress: bool = False):
+    """Trajectory tables of scripted players against the game's training population."""
+    import polars as pl
+
+    from mage.backends import SamplingSettings
+    from mage.backends.scripted import ScriptedBackend
+    from mage.config import compose
+    from mage.opponents import make
+    from mage.population import population_entries
+    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+
+    cfg = compose([f"game={game_name}"])
+    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    tables = []
+    for index, rule in enumerate(rules):
+        backend_rule = rule if rule in ("random", "solver") else make(game_name, rule)
+        engine = RolloutEngine(ScriptedBackend(backend_rule, seed=seed + index), RolloutConfig(group_size=4), cfg.game.params)
+        specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed=seed + index, seat_split=cfg.population.seat_split)
+        tables.append(engine.run(specs, SamplingSettings(), run_id=f"bc-{rule}", progress=progress))
+    return pl.concat(tables)

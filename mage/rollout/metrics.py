@@ -14,6 +14,11 @@ Definitions (``episodes`` = meta-episodes of the opponent):
   characters / 4 when the backend gave no tokens).
 
 The row with ``opponent == "all"`` pools every opponent.
+
+:func:`final_episode_metrics` summarises each meta-episode by its first and its final
+(last played) episode: with early stop the final episode is the won one or episode N, so
+``final_win_rate`` is the meta-episode's success (pass@N), and ``gain`` = final - first is
+the exploration-exploitation gain.
 """
 
 from __future__ import annotations
@@ -96,3 +101,34 @@ def rollout_metrics(table: pl.DataFrame) -> pl.DataFrame:
     per_opponent = _per_opponent(table, None)
     pooled = _per_opponent(table, ALL)
     return pl.concat([per_opponent, pooled]).sort(pl.col("opponent") == ALL, "opponent", "episode")
+
+
+def final_episode_metrics(table: pl.DataFrame) -> pl.DataFrame:
+    """Per opponent (and ``all``): first vs final episode win rate and mean return."""
+    outcomes = episode_outcomes(table)
+    ends = outcomes.group_by("run_id", "iteration", "meta_id").agg(
+        pl.col("opponent").first(),
+        pl.col("won").sort_by("episode").first().alias("first_won"),
+        pl.col("episode_return").sort_by("episode").first().alias("first_return"),
+        pl.col("won").sort_by("episode").last().alias("final_won"),
+        pl.col("draw").sort_by("episode").last().alias("final_draw"),
+        pl.col("episode_return").sort_by("episode").last().alias("final_return"),
+        pl.col("episode").max().alias("episodes_played"),
+    )
+
+    def summary(frame: pl.DataFrame, label: str | None) -> pl.DataFrame:
+        keys = [pl.lit(label).alias("opponent")] if label else [pl.col("opponent")]
+        return frame.group_by(*keys).agg(
+            pl.len().alias("meta_episodes"),
+            pl.col("first_won").mean().alias("first_win_rate"),
+            pl.col("final_won").mean().alias("final_win_rate"),
+            pl.col("final_draw").mean().alias("final_draw_rate"),
+            pl.col("first_return").mean().alias("first_mean_return"),
+            pl.col("final_return").mean().alias("final_mean_return"),
+            pl.col("episodes_played").mean().alias("mean_episodes_played"),
+        ).with_columns(
+            (pl.col("final_win_rate") - pl.col("first_win_rate")).alias("win_rate_gain"),
+            (pl.col("final_mean_return") - pl.col("first_mean_return")).alias("return_gain"),
+        )
+
+    return pl.concat([summary(ends, None), summary(ends, ALL)]).sort(pl.col("opponent") == ALL, "opponent")

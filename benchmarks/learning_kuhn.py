@@ -1,0 +1,180 @@
+"""Learning on Kuhn Poker with the tiny preset: MAGE against single-episode GRPO, 3 seeds.
+
+For every (algorithm, seed) a fresh training run starts from the same warm start (the
+tiny preset) and trains for ``--iterations`` iterations against the training population;
+the final checkpoint and the warm start are evaluated on the same fixed set of initial
+states (``--eval-groups`` meta-episodes per opponent, evaluation sampling). GRPO plays one
+episode per meta-episode with 3x the groups: both see at most the same number of episodes.
+Each run happens in its own subprocess (its own peak memory and wall time).
+
+Then the training step's throughput: one update on the same trajectory table with
+length-bucketed micro-batches and with plain fixed-size padded ones, side by side.
+
+    python benchmarks/learning_kuhn.py                     # 3 seeds x {mage, grpo}
+    python benchmarks/learning_kuhn.py --seeds 0 --iterations 5 --eval-groups 8   # smoke run
+
+Prints Markdown tables (paste them into BENCHMARKS.md with the machine line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+OPPONENTS = ("conservative", "aggressive", "intermediate")
+
+
+def settings_for(args: argparse.Namespace, algo: str = "mage", seed: int = 0, *extra: str):
+    from mage.config import compose
+    from mage.settings import Settings
+
+    overrides = [
+        "game=kuhn_poker", "model=tiny", f"algo={algo}", f"seed={seed}", f"paths.artifacts={args.out}",
+        f"train.iterations={args.iterations}", f"engine.groups={args.groups}", *args.override, *extra,
+    ]
+    if algo == "grpo":  # one episode per meta-episode, three times the groups: same episode budget
+        overrides += ["engine.episodes=1", f"engine.groups={3 * args.groups}"]
+    return Settings.from_config(compose(overrides))
+
+
+def evaluate_policy(settings, checkpoint, eval_groups: int) -> dict:
+    from mage.evaluation import EvalConfig, evaluate
+    from mage.rollout.metrics import final_episode_metrics
+    from mage.train.loop import rollout_backend
+
+    backend = rollout_backend(settings, checkpoint=checkpoint)
+    cfg = EvalConfig.from_settings(settings, split="train", groups_per_opponent=eval_groups, episodes=3)
+    table = evaluate(settings, backend, cfg, progress=False)
+    rows = final_episode_metrics(table).iter_rows(named=True)
+    return {r["opponent"]: {k: r[k] for k in ("final_win_rate", "final_mean_return", "first_win_rate", "first_mean_return")} for r in rows}
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from mage.train import checkpoint as ckpt
+    from mage.train.loop import RunPaths, train
+
+    torch.set_num_threads(args.threads)
+    algo, seed = args.worker
+    settings = settings_for(args, algo, int(seed))
+    started = time.perf_counter()
+    results = train(settings, resume=False, progress=False)
+    train_seconds = time.perf_counter() - started
+    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    evaluation = evaluate_policy(settings, latest, args.eval_groups)
+    calls = sum(r.metrics["rollout/calls"] for r in results)
+    print(json.dumps({
+        "algo": algo, "seed": int(seed), "iterations": len(results), "train_seconds": train_seconds,
+        "llm_calls": calls, "episodes": sum(r.metrics.get("rollout/episodes", 0) for r in results),
+        "train_tokens_per_second": statistics.mean(r.metrics["train/tokens_per_second"] for r in results),
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "evaluation": evaluation,
+    }))
+
+
+def throughput_worker(args: argparse.Namespace) -> None:
+    import polars as pl
+    import torch
+
+    from mage.train.loop import load_run_policy
+    from mage.train.trainer import PolicyTrainer
+
+    torch.set_num_threads(args.threads)
+    settings = settings_for(args, "mage", 0, f"train.batching={args.throughput}")
+    table = pl.read_parquet(args.table)
+    trainer = PolicyTrainer(load_run_policy(settings), settings.train, settings.algo)
+    metrics = trainer.update(table, seed=0)
+    print(json.dumps({
+        "batching": args.throughput, "tokens_per_second": metrics["tokens_per_second"], "seconds": metrics["seconds"],
+        "padding_share": metrics["padding_share"], "tokens": metrics["tokens"],
+        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }))
+
+
+def subprocess_json(args: argparse.Namespace, *flags: str) -> dict:
+    command = [sys.executable, __file__, *flags, "--out", str(args.out), "--iterations", str(args.iterations),
+               "--groups", str(args.groups), "--eval-groups", str(args.eval_groups), "--threads", str(args.threads)]
+    for override in args.override:
+        command += ["--override", override]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float]) -> str:
+    mean = statistics.mean(values)
+    return f"{mean:+.2f} ± {statistics.pstdev(values):.2f}" if len(values) > 1 else f"{mean:+.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--algos", nargs="+", default=["mage", "grpo"])
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--eval-groups", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("artifacts/bench/learning_kuhn"))
+    parser.add_argument("--override", action="append", default=[], help="extra Hydra override for every run")
+    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--throughput", choices=["bucketed", "padded"], help=argparse.SUPPRESS)
+    parser.add_argument("--table", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return run_worker(args)
+    if args.throughput:
+        return throughput_worker(args)
+
+    from mage.population import seed_population
+    from mage.train.loop import RunPaths, ensure_model
+
+    base = settings_for(args)
+    ensure_model(base)  # one warm start for every run
+    manifest = seed_population(base.raw, progress=False)
+    ceilings = {o["id"]: o["ceilings"]["mean"] for o in manifest["opponents"]}
+    warm = evaluate_policy(base, None, args.eval_groups)
+    runs = [subprocess_json(args, "--worker", algo, str(seed)) for algo in args.algos for seed in args.seeds]
+
+    import torch
+
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads; "
+          f"{time.strftime('%Y-%m-%d')}; {args.iterations} iterations, {args.groups} groups x 8 (GRPO: {3 * args.groups} "
+          f"groups, N=1), eval {args.eval_groups} meta-episodes per opponent\n")
+    header = "| opponent | metric | warm start | " + " | ".join(args.algos) + " | ceiling | " + " | ".join(
+        f"{a} / ceiling" for a in args.algos) + " |"
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for opponent in [*OPPONENTS, "all"]:
+        for metric, ceiling_key in (("final_win_rate", "max_win_probability"), ("final_mean_return", "best_response_return")):
+            per_algo = {a: [r["evaluation"][opponent][metric] for r in runs if r["algo"] == a] for a in args.algos}
+            ceiling = (ceilings[opponent][ceiling_key] if opponent in ceilings
+                       else statistics.mean(ceilings[o][ceiling_key] for o in OPPONENTS))
+            cells = [spread(per_algo[a]) for a in args.algos]
+            ratios = [f"{statistics.mean(per_algo[a]) / ceiling:.2f}" if ceiling else "-" for a in args.algos]
+            print(f"| {opponent} | {metric} | {warm[opponent][metric]:+.2f} | " + " | ".join(cells)
+                  + f" | {ceiling:.2f} | " + " | ".join(ratios) + " |")
+    print("\n| run | iterations | LLM calls | train wall time (s) | train tokens/s | peak RSS (MiB) |")
+    print("|---|---|---|---|---|---|")
+    for r in runs:
+        print(f"| {r['algo']} seed {r['seed']} | {r['iterations']} | {r['llm_calls']:.0f} | {r['train_seconds']:.0f} | "
+              f"{r['train_tokens_per_second']:.0f} | {r['max_rss_mib']:.0f} |")
+
+    table = RunPaths.of(settings_for(args, "mage", args.seeds[0])).rollout(1)
+    print("\n| training step batching | tokens/s | padding share | seconds | peak RSS (MiB) |")
+    print("|---|---|---|---|---|")
+    for batching in ("bucketed", "padded"):
+        r = subprocess_json(args, "--throughput", batching, "--table", str(table))
+        print(f"| {batching} | {r['tokens_per_second']:.0f} | {100 * r['padding_share']:.1f}% | {r['seconds']:.1f} | {r['max_rss_mib']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+r"""Advantages of a trajectory table (MAGE-SPEC section 4). Input: ``add_returns``'s output.
+
+**GiGPO with agent-specific groups** (``estimator: gigpo``). A group g holds the calls of
+the meta-episodes that share the initial state (seed and seat) and the opponent, within
+one run and iteration: groups never mix opponents.
+
+    episode term   s_i = meta_reward(episode of i) + penalty_i
+                   A_ep,i = s_i - mean_{j in g} s_j                    (mean_norm)
+                   A_ep,i = (s_i - mean_{j in g} s_j) / (std_g + eps)  (mean_std_norm)
+    step term      anchor(i) = (g, observation_i)   for a play call,
+                               (g, "reflection")    for a reflection;
+                   with ``anchor: local`` the episode number is part of the anchor
+                   A_step,i = G_i - mean_{j in anchor(i)} G_j   (or / (std + eps));
+                   singleton anchors give 0
+    advantage      A_i = A_ep,i + w * A_step,i
+
+Penalties reach both terms: through s_i and through the rewards inside G_i.
+
+``norm_scope: opponent`` is the paper's agent-specific normalisation A^(m): the episode
+term's mean and std are taken over every call against opponent m in the batch instead of
+over the group (the step term's anchors already include the opponent).
+
+**GRPO** (``estimator: grpo``), the baseline: every call of a meta-episode gets
+(S - mean_g S) / (std_g + eps), S being the meta-episode's summed reward and the
+statistics taken over the group's meta-episodes (or the mean-only version with
+``norm: mean_norm``).
+
+Standard deviations are population ones (ddof 0).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from mage.algo.config import AlgoConfig
+from mage.algo.returns import META_EPISODE, ORDER
+
+RUN = ["run_id", "iteration"]
+GROUP = [*RUN, "seed", "seat", "opponent"]
+REQUIRED = ["meta_reward", "penalty", "reward", "step_return"]
+
+
+def _normalised(value: str, over: list[str], cfg: AlgoConfig, singleton_zero: bool = False) -> pl.Expr:
+    centred = pl.col(value) - pl.col(value).mean().over(over)
+    if cfg.norm == "mean_std_norm":
+        centred = centred / (pl.col(value).std(ddof=0).over(over) + cfg.epsilon)
+    if singleton_zero:
+        centred = pl.when(pl.len().over(over) > 1).then(centred).otherwise(0.0)
+    return centred
+
+
+def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
+    """Add ``episode_score``, ``advantage_episode``, ``advantage_step`` and ``advantage``."""
+    missing = [c for c in REQUIRED if c not in table.columns]
+    if missing:
+        raise ValueError(f"add_advantages needs add_returns's columns first; missing {missing}")
+    table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
+    scope = GROUP if cfg.norm_scope == "group" else [*RUN, "opponent"]
+    if cfg.estimator == "grpo":
+        # Statistics over meta-episodes (trajectories), not over their calls.
+        per_meta = (
+            table.group_by(*META_EPISODE)
+            .agg(pl.col("reward").sum().alias("episode_score"), *[pl.col(c).first() for c in set(scope) - set(META_EPISODE)])
+            .with_columns(_normalised("episode_score", scope, cfg).alias("advantage_episode"))
+            .select(*META_EPISODE, "episode_score", "advantage_episode")
+        )
+        return (
+            table.join(per_meta, on=META_EPISODE, how="left")
+            .with_columns(pl.lit(0.0).alias("advantage_step"), pl.col("advantage_episode").alias("advantage"))
+            .sort(ORDER)
+        )
+
+    anchor = pl.when(pl.col("phase") == "play").then(pl.col("observation")).otherwise(pl.lit("<reflection>"))
+    anchor_key = [*GROUP, "_anchor"] + (["episode"] if cfg.anchor == "local" else [])
+    return (
+        table.with_columns((pl.col("meta_reward") + pl.col("penalty")).alias("episode_score"), anchor.alias("_anchor"))
+        .with_columns(
+            _normalised("episode_score", scope, cfg).alias("advantage_episode"),
+            _normalised("step_return", anchor_key, cfg, singleton_zero=True).alias("advantage_step"),
+        )
+        .with_columns((pl.col("advantage_episode") + cfg.step_weight * pl.col("advantage_step")).alias("advantage"))
+        .drop("_anchor")
+        .sort(ORDER)
+    )

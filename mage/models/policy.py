@@ -1,0 +1,78 @@
+"""Loading a policy: a causal LM and its tokenizer, from a hub id or a local directory.
+
+The same ``from_pretrained`` path serves Qwen from the hub on a GPU machine and the
+locally built ``tiny`` preset on a laptop. LoRA (peft) is added on top when configured,
+or an existing adapter (a LoRA checkpoint) is loaded onto the base model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mage.train.config import LoraSettings
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Policy:
+    model: Any  # a transformers model, or a peft model wrapping one
+    tokenizer: Any
+    source: str  # the base model: a hub id or a directory
+    lora: LoraSettings | None = None
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora is not None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_policy(
+    source: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str | None = None,
+    lora: LoraSettings | None = None,
+    adapter: str | Path | None = None,
+    trainable: bool = True,
+) -> Policy:
+    """Load ``source`` (hub id or directory); add a fresh LoRA or load ``adapter`` onto it."""
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    source = str(source)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if tokenizer.pad_token_id is None:  # some hub tokenizers have none; reuse end of sequence
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype]).to(resolve_device(device))
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        if lora is None:
+            config = model.peft_config["default"]
+            lora = LoraSettings(r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                                target_modules=tuple(sorted(config.target_modules)))
+    elif lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        targets = lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules)
+        model = get_peft_model(
+            model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
+        )
+    if not trainable:
+        model.requires_grad_(False)
+    return Policy(model=model, tokenizer=tokenizer, source=source, lora=lora)

@@ -1,0 +1,201 @@
+"""Checkpoints: safetensors plus a JSON manifest, written atomically.
+
+A checkpoint is a directory ``ckpt-00007/`` holding
+
+* the weights: ``adapter_model.safetensors`` + ``adapter_config.json`` (LoRA, via peft) or
+  ``model.safetensors`` + config + tokenizer (full fine-tuning), loadable with
+  ``from_pretrained`` (and servable by vLLM);
+* ``trainer_state.safetensors``: the AdamW moments and step counts, and the torch RNG
+  state(s), as tensors (nothing is pickled);
+* ``manifest.json``: iteration, config hash, parent checkpoint, metrics, the optimizer's
+  hyper-parameters, the Python RNG state and the SHA-256 of every file.
+
+It is written into a temporary directory beside the final one and renamed into place, so
+a directory named ``ckpt-*`` is always complete; :func:`latest_checkpoint` returns the
+newest one whose files match their manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mage import __version__
+
+PREFIX = "ckpt-"
+MANIFEST = "manifest.json"
+STATE_FILE = "trainer_state.safetensors"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def iteration(self) -> int:
+        return int(self.manifest["iteration"])
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def content_hash(path: str | Path) -> str:
+    """Hash of a checkpoint's weights (from its manifest): what caches key on."""
+    manifest = json.loads((Path(path) / MANIFEST).read_text())
+    weights = {k: v for k, v in manifest["files"].items() if k != STATE_FILE}
+    return hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest()
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+    state = optimizer.state_dict()
+    tensors = {}
+    for index, values in state["state"].items():
+        for name, value in values.items():
+            tensor = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"optimizer.{index}.{name}"] = tensor.detach().cpu().contiguous()
+    return tensors, state["param_groups"]
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{i}"] = state
+    return tensors
+
+
+def save_checkpoint(
+    root: str | Path,
+    iteration: int,
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    *,
+    config_hash: str,
+    parent: str | None,
+    metrics: dict[str, Any],
+) -> Checkpoint:
+    """Write checkpoint ``iteration`` under ``root`` atomically and return it."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{iteration:05d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        policy.model.save_pretrained(tmp, safe_serialization=True)
+        if not policy.is_lora:
+            policy.tokenizer.save_pretrained(tmp)
+        tensors, groups = _optimizer_tensors(optimizer)
+        save_file(tensors | _rng_tensors(), tmp / STATE_FILE)
+        manifest = {
+            "iteration": iteration,
+            "kind": "lora" if policy.is_lora else "full",
+            "base_model": policy.source,
+            "config_hash": config_hash,
+            "parent": parent,
+            "metrics": metrics,
+            "optimizer": {"type": type(optimizer).__name__, "param_groups": groups},
+            "python_rng": _json_rng(random.getstate()),
+            "mage_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "files": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if final.exists():  # an older run's checkpoint of the same iteration
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Checkpoint(final, manifest)
+
+
+def _json_rng(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def is_complete(path: Path) -> bool:
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return False
+    manifest = json.loads(manifest_path.read_text())
+    return all((path / name).is_file() and sha256(path / name) == digest for name, digest in manifest["files"].items())
+
+
+def list_checkpoints(root: str | Path) -> list[Checkpoint]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.glob(f"{PREFIX}*")):
+        if path.is_dir() and is_complete(path):
+            found.append(Checkpoint(path, json.loads((path / MANIFEST).read_text())))
+    return sorted(found, key=lambda c: c.iteration)
+
+
+def latest_checkpoint(root: str | Path) -> Checkpoint | None:
+    checkpoints = list_checkpoints(root)
+    return checkpoints[-1] if checkpoints else None
+
+
+def prune_checkpoints(root: str | Path, keep: int | None) -> None:
+    if keep is None:
+        return
+    for checkpoint in list_checkpoints(root)[:-keep]:
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
+    """Load a checkpoint's trained weights into ``policy`` (same kind and architecture)."""
+    if checkpoint.kind != ("lora" if policy.is_lora else "full"):
+        raise ValueError(f"{checkpoint.path} is a {checkpoint.kind} checkpoint, the policy is not")
+    if policy.is_lora:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(policy.model, load_file(checkpoint.path / "adapter_model.safetensors"))
+    else:
+        weights = {}
+        for file in sorted(checkpoint.path.glob("model*.safetensors")):
+            weights |= load_file(file)
+        missing, unexpected = policy.model.load_state_dict(weights, strict=False)
+        # Tied embeddings are saved once: the missing output head shares the input table.
+        real_missing = [m for m in missing if not (m.endswith("lm_head.weight") and policy.model.config.tie_word_embeddings)]
+        if real_missing or unexpected:
+            raise ValueError(f"{checkpoint.path}: missing {real_missing}, unexpected {unexpected}")
+
+
+def load_trainer_state(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer) -> None:
+    """Restore the optimizer and the RNG states saved with ``checkpoint``."""
+    tensors = load_file(checkpoint.path / STATE_FILE)
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optimizer."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": checkpoint.manifest["optimizer"]["param_groups"]})
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    version, internal, gauss = checkpoint.manifest["python_rng"]
+    random.setstate((version, tuple(internal), gauss))

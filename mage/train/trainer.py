@@ -1,0 +1,188 @@
+"""The policy update: token-level PPO on a trajectory table with advantages.
+
+``PolicyTrainer.update(table)`` reads the table's token ids and advantages and:
+
+1. recomputes the old log-probs with the current policy (no gradient) and the reference
+   log-probs (LoRA: the same model with the adapter disabled; full fine-tuning: a frozen
+   copy of the starting weights), both over length-bucketed micro-batches;
+2. for each PPO epoch, shuffles the calls, cuts them into mini-batches of
+   ``mini_batch_size`` calls and, per mini-batch, accumulates the gradients of its
+   micro-batches (token-mean over the mini-batch, see ``mage.algo.losses``), clips the
+   gradient norm and takes one AdamW step.
+
+Calls without response tokens (a backend that returned nothing) carry no loss and are
+skipped. The model stays in eval mode: no dropout, so at the first step ratio = 1 exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+
+from mage.algo.config import AlgoConfig
+from mage.algo.losses import entropy_from_logits, ppo_loss, token_logprobs
+from mage.models.policy import Policy
+from mage.train.batching import MicroBatch, causal_lm_forward, micro_batches
+from mage.train.config import TrainConfig
+
+
+def _peak_memory_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class PolicyTrainer:
+    """Owns the policy, its reference and the optimizer; see the module docstring."""
+
+    def __init__(self, policy: Policy, train: TrainConfig, algo: AlgoConfig) -> None:
+        self.policy, self.train_cfg, self.algo = policy, train, algo
+        self.model = policy.model
+        self.device = policy.device
+        self.pad_id = policy.tokenizer.pad_token_id
+        # Full fine-tuning keeps a frozen copy of the starting weights as the reference.
+        self.reference = None
+        if not policy.is_lora and algo.kl_coef:
+            self.reference = copy.deepcopy(self.model).requires_grad_(False).eval()
+        self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.parameters:
+            raise ValueError("the policy has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.parameters,
+            lr=train.learning_rate,
+            betas=train.betas,
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+        )
+        self.model.eval()
+
+    # -- forward passes ----------------------------------------------------------------
+    def _reference_context(self):
+        if self.policy.is_lora:
+            return self.model.disable_adapter()
+        return nullcontext()
+
+    def forward(self, batch: MicroBatch, model: Any = None, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs [B, K] of the right-aligned response tokens (and their entropies)."""
+        logits = causal_lm_forward(model or self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
+        targets = batch.targets.to(self.device)
+        return token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
+
+    @torch.no_grad()
+    def _score(self, batches: Sequence[MicroBatch], lengths: Sequence[int], reference: bool) -> list[torch.Tensor]:
+        """Per-row log-probs of the response tokens (old policy, or reference)."""
+        per_row: list[torch.Tensor | None] = [None] * len(lengths)
+        for batch in batches:
+            if reference:
+                with self._reference_context():
+                    logprobs, _ = self.forward(batch, self.reference)
+            else:
+                logprobs, _ = self.forward(batch)
+            for r, row in enumerate(batch.rows):
+                per_row[row] = logprobs[r, logprobs.shape[1] - lengths[row] :].float().cpu()
+        return per_row  # type: ignore[return-value]
+
+    def _aligned(self, values: Sequence[torch.Tensor], batch: MicroBatch) -> torch.Tensor:
+        width = batch.targets.shape[1]
+        out = torch.zeros((len(batch.rows), width))
+        for r, row in enumerate(batch.rows):
+            if len(values[row]):
+                out[r, width - len(values[row]) :] = values[row]
+        return out.to(self.device)
+
+    def _batches(self, prompts, responses, rows: list[int] | None = None, batching: str | None = None) -> list[MicroBatch]:
+        cfg = self.train_cfg
+        index = list(range(len(prompts))) if rows is None else rows
+        batches = micro_batches(
+            [prompts[i] for i in index],
+            [responses[i] for i in index],
+            self.pad_id,
+            batching or cfg.batching,
+            cfg.micro_batch_tokens,
+            cfg.micro_batch_rows,
+            cfg.share_prefix,
+        )
+        for batch in batches:  # back to indices of the full table
+            batch.rows = [index[r] for r in batch.rows]
+        return batches
+
+    # -- the update ----------------------------------------------------------------------
+    def update(self, table: pl.DataFrame, seed: int = 0) -> dict[str, float]:
+        """One PPO update on ``table`` (it must have an ``advantage`` column)."""
+        if "advantage" not in table.columns:
+            raise ValueError("the table has no 'advantage' column: run add_returns and add_advantages first")
+        table = table.filter(pl.col("response_token_ids").list.len() > 0)
+        if table.is_empty():
+            raise ValueError("no call with response tokens to train on")
+        started = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        prompts = table["prompt_token_ids"].to_list()
+        responses = table["response_token_ids"].to_list()
+        advantages = torch.tensor(table["advantage"].to_numpy(), dtype=torch.float32)
+        lengths = [len(r) for r in responses]
+        scoring = self._batches(prompts, responses, batching="bucketed")
+        old = self._score(scoring, lengths, reference=False)
+        ref = self._score(scoring, lengths, reference=True) if self.algo.kl_coef else None
+
+        cfg = self.train_cfg
+        rng = np.random.default_rng(seed)
+        totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
+        steps = trained_tokens = padded_tokens = 0
+        for _ in range(cfg.ppo_epochs):
+            order = rng.permutation(len(prompts)).tolist()
+            for start in range(0, len(order), cfg.mini_batch_size):
+                rows = order[start : start + cfg.mini_batch_size]
+                mini_tokens = sum(lengths[i] for i in rows)
+                self.optimizer.zero_grad(set_to_none=True)
+                weighted = {k: 0.0 for k in ("loss", "policy_loss", "kl", "entropy", "clip_fraction")}
+                for batch in self._batches(prompts, responses, rows):
+                    logprobs, entropy = self.forward(batch, entropy=bool(self.algo.entropy_coef))
+                    parts = ppo_loss(
+                        logprobs,
+                        self._aligned(old, batch),
+                        self._aligned(ref, batch) if ref is not None else None,
+                        advantages[batch.rows].to(self.device),
+                        batch.response_mask.to(self.device),
+                        self.algo,
+                        mini_tokens,
+                        entropy,
+                    )
+                    parts.loss.backward()
+                    share = parts.tokens / max(mini_tokens, 1)
+                    weighted["loss"] += parts.loss.item()
+                    for key, value in (("policy_loss", parts.policy), ("kl", parts.kl), ("entropy", parts.entropy),
+                                       ("clip_fraction", parts.clip_fraction)):
+                        weighted[key] += share * value
+                    padded_tokens += batch.padded_tokens
+                    trained_tokens += batch.real_tokens
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip)
+                self.optimizer.step()
+                steps += 1
+                for key, value in weighted.items():
+                    totals[key] += value
+                totals["grad_norm"] += float(grad_norm)
+        seconds = time.perf_counter() - started
+        metrics = {key: value / max(steps, 1) for key, value in totals.items()}
+        metrics.update(
+            optimizer_steps=steps,
+            calls=len(prompts),
+            response_tokens=sum(lengths),
+            tokens=trained_tokens,
+            padding_share=1 - trained_tokens / max(padded_tokens, 1),
+            seconds=seconds,
+            tokens_per_second=trained_tokens / seconds if seconds else 0.0,
+            advantage_mean=float(advantages.mean()),
+            advantage_abs_mean=float(advantages.abs().mean()),
+            peak_memory_mib=_peak_memory_mib(self.device),
+        )
+        return metrics

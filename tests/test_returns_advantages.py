@@ -1,0 +1,137 @@
+"""Returns and advantages against tables worked by hand (MAGE-SPEC sections 3-4).
+
+The batch (gamma_step 0.5, gamma_traj 0.25, invalid penalty 1, no length penalty):
+
+group A = opponent A, seed 1, seat 0
+  meta 0: episode 1: t1 invalid, t2 ends it with R1 = -5
+          episode 2: reflection (valid), t1 wins with R2 = +5 (early stop)
+  meta 1: episode 1: t1 wins with R1 = +5 (early stop)
+group B = opponent B, same seed and seat (two opponents in one batch: separate groups)
+  meta 2: episode 1: t1 loses, R1 = -10
+          episode 2: reflection (invalid), t1 loses, R2 = -10
+
+Every play call sees the same observation "s0" (same initial state; an invalid reply
+changes nothing), so in each group all play calls share one global anchor.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from mage.algo import AlgoConfig, add_advantages, add_returns
+from mage.rollout.schema import from_rows
+
+
+def row(meta, opponent, episode, turn, *, ret, phase="play", valid=True, done=False, observation="s0", tokens=2, seed=1):
+    return {
+        "run_id": "r", "iteration": 0, "group_id": 0, "meta_id": meta, "game": "kuhn_poker", "opponent": opponent,
+        "seat": 0, "seed": seed, "initial_state": "{}", "episode": episode, "turn": turn, "phase": phase,
+        "observation": observation, "prompt": "", "response": "", "prompt_token_ids": [1],
+        "response_token_ids": [7] * tokens, "response_logprobs": [0.0] * tokens, "finish_reason": "stop",
+        "dropped_episodes": 0, "action": None, "valid": valid, "invalid_reason": None if valid else "x",
+        "step_reward": ret if done else 0.0, "episode_return": ret, "won": ret > 0, "draw": False,
+        "truncated": False, "done": done,
+    }
+
+
+TABLE = from_rows([
+    row(0, "A", 1, 1, ret=-5, valid=False),
+    row(0, "A", 1, 2, ret=-5, done=True),
+    row(0, "A", 2, 0, ret=5, phase="reflect", observation="end of episode 1"),
+    row(0, "A", 2, 1, ret=5, done=True),
+    row(1, "A", 1, 1, ret=5, done=True),
+    row(2, "B", 1, 1, ret=-10, done=True),
+    row(2, "B", 2, 0, ret=-10, phase="reflect", valid=False, observation="end of episode 1"),
+    row(2, "B", 2, 1, ret=-10, done=True),
+]).sample(fraction=1.0, shuffle=True, seed=3)  # order must not matter
+
+CFG = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0)
+
+
+def column(table: pl.DataFrame, name: str) -> list[float]:
+    return table.sort("meta_id", "episode", "turn")[name].to_list()
+
+
+def test_differential_returns_by_hand():
+    t = add_returns(TABLE, CFG)
+    # D1 = -5, D2 = 5 - (-5) = 10 | D1 = 5 | D1 = -10, D2 = -10 - (-10) = 0
+    assert column(t, "meta_reward") == [-5, -5, 10, 10, 5, -10, 0, 0]
+    assert column(t, "penalty") == [-1, 0, 0, 0, 0, 0, -1, 0]
+    assert column(t, "reward") == [-1, -5, 0, 10, 5, -10, -1, 0]
+    # meta 0: G(e2 t1) = 10; reflection takes it: 0 + 10; G(e1 t2) = -5 + 0.25 * 10 = -2.5;
+    #         G(e1 t1) = -1 + 0.5 * -2.5 = -2.25.   meta 2: 0; -1 + 0; -10 + 0.25 * 0 = -10.
+    assert column(t, "step_return") == pytest.approx([-2.25, -2.5, 10, 10, 5, -10, -1, 0])
+    # telescoping: the differential rewards of a meta-episode sum to its last return
+    sums = t.filter(pl.col("done")).group_by("meta_id").agg(pl.col("meta_reward").sum()).sort("meta_id")
+    assert sums["meta_reward"].to_list() == [5, 5, -10]
+
+
+def test_other_objectives():
+    cumulative = add_returns(TABLE, AlgoConfig(objective="cumulative", gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0))
+    assert column(cumulative, "meta_reward") == [-5, -5, 5, 5, 5, -10, -10, -10]
+    # G(e1 t2) = -5 + 0.25 * 5 = -3.75; G(e1 t1) = -1 + 0.5 * -3.75 = -2.875
+    assert column(cumulative, "step_return")[:4] == pytest.approx([-2.875, -3.75, 5, 5])
+    single = add_returns(TABLE, AlgoConfig(objective="single_episode", gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0))
+    # no credit crosses the boundary: G(e1 t2) = -5, G(e1 t1) = -1 + 0.5 * -5 = -3.5
+    assert column(single, "step_return")[:4] == pytest.approx([-3.5, -5, 5, 5])
+
+
+def test_length_penalty_by_hand():
+    table = from_rows([row(0, "A", 1, t + 1, ret=0, tokens=n, done=(t == 3)) for t, n in enumerate([3, 4, 6, 10])])
+    t = add_returns(table, AlgoConfig(length_penalty=2.0, max_response_tokens=8, invalid_penalty=0.0))
+    # half = 4: 3 and 4 tokens are free; 6 -> -2 * 2/4 = -1; 10 -> -2 * min(1, 6/4) = -2
+    assert column(t, "penalty") == [0, 0, -1, -2]
+
+
+def test_gigpo_advantages_global_anchor_by_hand():
+    t = add_advantages(add_returns(TABLE, CFG), CFG)
+    # episode scores s = D + penalty: A: -6, -5, 10, 10, 5 (mean 2.8); B: -10, -1, 0 (mean -11/3)
+    assert column(t, "episode_score") == [-6, -5, 10, 10, 5, -10, -1, 0]
+    assert column(t, "advantage_episode") == pytest.approx([-8.8, -7.8, 7.2, 7.2, 2.2, -19 / 3, 8 / 3, 11 / 3])
+    # A's play anchor "s0": G = -2.25, -2.5, 10, 5 (mean 2.5625); B's: -10, 0 (mean -5);
+    # reflections are singleton anchors: 0
+    assert column(t, "advantage_step") == pytest.approx([-4.8125, -5.0625, 0, 7.4375, 2.4375, -5, 0, 5])
+    assert column(t, "advantage") == pytest.approx([-13.6125, -12.8625, 7.2, 14.6375, 4.6375, -34 / 3, 8 / 3, 26 / 3])
+
+
+def test_local_anchor_and_step_weight():
+    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, anchor="local", step_weight=0.5)
+    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    # A, episode 1 anchor: G = -2.25, -2.5, 5 (mean 1/12); A episode 2 and B's anchors: singletons
+    first = 0.25 / 3
+    assert column(t, "advantage_step") == pytest.approx([-2.25 - first, -2.5 - first, 0, 0, 5 - first, 0, 0, 0])
+    assert column(t, "advantage")[0] == pytest.approx(-8.8 + 0.5 * (-2.25 - first))
+
+
+def test_mean_std_norm_and_per_opponent_scope():
+    # A second group against opponent A (seed 2): with scope "opponent" both A groups share
+    # one mean and std, with scope "group" each has its own.
+    extra = from_rows([row(3, "A", 1, 1, ret=-5, done=True, seed=2), row(4, "A", 1, 1, ret=5, done=True, seed=2)])
+    table = pl.concat([TABLE, extra])
+    group = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, norm="mean_std_norm")
+    by_group = add_advantages(add_returns(table, group), group)
+    # seed-2 group: s = -5, 5: mean 0, std 5 -> -1, +1
+    assert column(by_group, "advantage_episode")[-2:] == pytest.approx([-1, 1], abs=1e-5)
+    scope = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, norm="mean_std_norm", norm_scope="opponent")
+    by_opponent = add_advantages(add_returns(table, scope), scope)
+    scores_a = [-6, -5, 10, 10, 5, -5, 5]
+    mean = sum(scores_a) / 7
+    std = (sum((s - mean) ** 2 for s in scores_a) / 7) ** 0.5
+    expected = [(s - mean) / (std + 1e-6) for s in scores_a]
+    got = by_opponent.filter(pl.col("opponent") == "A").sort("meta_id", "episode", "turn")["advantage_episode"].to_list()
+    assert got == pytest.approx(expected)
+
+
+def test_grpo_baseline_by_hand():
+    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, estimator="grpo", norm="mean_std_norm")
+    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    # summed rewards: meta 0: -1 - 5 + 0 + 10 = 4, meta 1: 5 (mean 4.5, std 0.5); meta 2 alone
+    assert column(t, "episode_score")[:5] == [4, 4, 4, 4, 5]
+    assert column(t, "advantage") == pytest.approx([-1, -1, -1, -1, 1, 0, 0, 0], abs=1e-5)
+    assert set(column(t, "advantage_step")) == {0.0}
+
+
+def test_advantages_need_returns_first():
+    with pytest.raises(ValueError, match="add_returns"):
+        add_advantages(TABLE, CFG)

@@ -1,0 +1,181 @@
+"""The PPO loss and update, the reference policy, checkpoints and interrupt-and-resume."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+import torch
+
+from mage.algo import AlgoConfig
+from mage.algo.losses import low_var_kl, ppo_loss
+from mage.config import compose
+from mage.models.policy import load_policy
+from mage.settings import Settings
+from mage.train import LoraSettings, TrainConfig
+from mage.train import checkpoint as ckpt
+from mage.train.batching import micro_batches
+from mage.train.loop import RunPaths, train
+from mage.train.trainer import PolicyTrainer
+
+
+def test_ppo_clip_and_dual_clip_by_hand():
+    cfg = AlgoConfig(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.0, entropy_coef=0.0)
+    ratios = torch.tensor([[1.5, 0.5, 1.5, 5.0, 1.1]])
+    advantages = torch.tensor([1.0])
+    old = torch.zeros_like(ratios)
+    new = torch.log(ratios)
+    # A = +1: ratio 1.5 -> max(-1.5, -1.2) = -1.2; ratio 0.5 -> max(-0.5, -0.8) = -0.5;
+    # ratio 1.1 -> -1.1 (inside the clip range)
+    mask = torch.tensor([[1, 1, 0, 0, 1]])
+    parts = ppo_loss(new, old, None, advantages, mask, cfg, total_tokens=3)
+    assert parts.loss.item() == pytest.approx((-1.2 - 0.5 - 1.1) / 3)
+    # A = -1: ratio 1.5 -> max(1.5, 1.2) = 1.5 (under the dual clip 3); ratio 5 -> min(5, 3) = 3
+    mask = torch.tensor([[0, 0, 1, 1, 0]])
+    parts = ppo_loss(new, old, None, -advantages, mask, cfg, total_tokens=4)  # token-mean over a bigger mini-batch
+    assert parts.loss.item() == pytest.approx((1.5 + 3.0) / 4)
+    assert parts.clip_fraction == pytest.approx(1.0)
+
+
+def test_low_var_kl_by_hand():
+    logp = torch.tensor([math.log(0.5), math.log(0.2)])
+    ref = torch.tensor([math.log(0.25), math.log(0.2)])
+    # k3 = r - log r - 1 with r = ref / pi: 0.5 - log(0.5) - 1, and 0 where equal
+    assert low_var_kl(logp, ref).tolist() == pytest.approx([0.5 - math.log(0.5) - 1, 0.0])
+
+
+def test_bucketing_pads_less_than_fixed_batches():
+    prompts = [[1] * n for n in (5, 100, 6, 98, 7, 101, 4, 99)]
+    responses = [[2] * 3 for _ in prompts]
+    bucketed = micro_batches(prompts, responses, 0, "bucketed", token_budget=4 * 104)
+    padded = micro_batches(prompts, responses, 0, "padded", rows_per_batch=4)
+    assert sorted(r for b in bucketed for r in b.rows) == list(range(8))
+    assert sum(b.padded_tokens for b in bucketed) < sum(b.padded_tokens for b in padded)
+    assert sum(b.real_tokens for b in bucketed) == sum(b.real_tokens for b in padded) == sum(len(p) + 3 for p in prompts)
+
+
+def fixed_batch(policy) -> pl.DataFrame:
+    """Two prompts, each with a response the update should favour and one it should not."""
+    tokenizer = policy.tokenizer
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = []
+    for prompt in ("Your card: King (K).", "Board: A1 B2"):
+        for response, advantage in (("<action>bet</action>", 1.0), ("<action>check</action>", -1.0)):
+            rows.append({"prompt_token_ids": encode(prompt), "response_token_ids": encode(response), "advantage": advantage})
+    return pl.DataFrame(rows, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64), "advantage": pl.Float64})
+
+
+def sequence_logprob(trainer: PolicyTrainer, table: pl.DataFrame) -> list[float]:
+    batches = micro_batches(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list(), trainer.pad_id)
+    out = [0.0] * table.height
+    with torch.no_grad():
+        for batch in batches:
+            logprobs, _ = trainer.forward(batch)
+            for r, row in enumerate(batch.rows):
+                out[row] = float((logprobs[r] * batch.response_mask[r]).sum())
+    return out
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj", "up_proj"))])
+def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
+    policy = load_policy(tiny_model_dir, lora=lora)
+    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-2 if lora else 3e-3, mini_batch_size=4), AlgoConfig())
+    table = fixed_batch(policy)
+    before = sequence_logprob(trainer, table)
+    first = trainer.update(table, seed=0)
+    # Policy equals reference before the first step: the KL term is exactly zero.
+    assert first["kl"] == 0.0 and first["optimizer_steps"] == 1
+    for _ in range(4):
+        trainer.update(table, seed=0)
+    after = sequence_logprob(trainer, table)
+    for advantage, b, a in zip(table["advantage"], before, after):
+        assert (a > b) if advantage > 0 else (a < b)
+    # After the updates the policy differs from its reference: KL > 0.
+    assert trainer.update(table, seed=1)["kl"] > 0
+
+
+def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
+    return Settings.from_config(compose([
+        f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=3", "train.learning_rate=1e-3",
+        "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
+        "engine.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path}", *extra,
+    ]))
+
+
+def weights(settings: Settings) -> dict[str, torch.Tensor]:
+    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    from safetensors.torch import load_file
+
+    name = "adapter_model.safetensors" if latest.kind == "lora" else "model.safetensors"
+    return load_file(latest.path / name)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, monkeypatch, lora):
+    extra = ["+model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if lora else []
+    uninterrupted = tiny_run(tiny_model_dir, tmp_path / "a", *extra)
+    train(uninterrupted, progress=False)
+
+    interrupted = tiny_run(tiny_model_dir, tmp_path / "b", *extra)
+    real_save = ckpt.save_checkpoint
+
+    def crash_on_second(root, iteration, *args, **kwargs):
+        if iteration == 2:  # after iteration 2's update, before its checkpoint
+            raise KeyboardInterrupt("simulated crash")
+        return real_save(root, iteration, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, progress=False)
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    paths = RunPaths.of(interrupted)
+    assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
+    assert not [p for p in paths.checkpoints.iterdir() if p.name.startswith(".")]  # no half-written directory
+    resumed = train(interrupted, progress=False)
+    assert [r.iteration for r in resumed] == [2, 3]
+
+    a, b = weights(uninterrupted), weights(interrupted)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    table_a = pl.read_parquet(RunPaths.of(uninterrupted).rollout(3))
+    table_b = pl.read_parquet(RunPaths.of(interrupted).rollout(3))
+    assert table_a.drop("run_id").equals(table_b.drop("run_id"))
+    manifest = ckpt.latest_checkpoint(paths.checkpoints).manifest
+    assert manifest["iteration"] == 3 and manifest["parent"].endswith("ckpt-00002")
+    assert manifest["kind"] == ("lora" if lora else "full") and "train/loss" in manifest["metrics"]
+
+
+def test_a_corrupted_checkpoint_is_skipped(tiny_model_dir, tmp_path):
+    settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=2")
+    train(settings, progress=False)
+    root = RunPaths.of(settings).checkpoints
+    newest = ckpt.latest_checkpoint(root)
+    (newest.path / "model.safetensors").write_bytes(b"truncated")
+    assert ckpt.latest_checkpoint(root).iteration == 1
+
+
+def test_shared_prefix_forward_is_exact_with_gradients(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from mage.train.batching import causal_lm_forward
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rules = list(range(5, 45)) * 2  # an 80-token common prefix
+    prompts = [rules + [50, 51], rules + [52], rules + [53, 54, 55, 56]]
+    responses = [[60, 61], [62, 63, 64], [65]]
+
+    def logprobs_and_grad(share: bool):
+        batch = micro_batches(prompts, responses, 0, "bucketed", share_prefix=share)[0]
+        assert (batch.shared > 0) == share
+        model.zero_grad()
+        logits = causal_lm_forward(model, batch, torch.device("cpu"))[:, :-1]
+        logp = torch.log_softmax(logits, -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1) * batch.response_mask
+        logp.sum().backward()
+        grad = model.model.embed_tokens.weight.grad.clone()
+        order = sorted(range(len(batch.rows)), key=lambda r: batch.rows[r])
+        return logp[order].detach(), grad
+
+    plain, plain_grad = logprobs_and_grad(False)
+    shared, shared_grad = logprobs_and_grad(True)
+    assert torch.allclose(plain, shared, atol=1e-5)
+    assert torch.allclose(plain_grad, shared_grad, atol=1e-5)
