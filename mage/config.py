@@ -31,3 +31,33 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
         cfg = hydra_compose(config_name, overrides=list(overrides))
     OmegaConf.resolve(cfg)
     return cfg
+
+
+def dump(overrides: Sequence[str] = ()) -> str:
+    """The composed config as YAML: what DVC's Hydra composition writes to ``params.yaml``."""
+    return OmegaConf.to_yaml(compose(overrides))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m mage.config [--output FILE] [overrides ...]``: print or write the composed config.
+
+    ``python -m mage.config --output params.yaml`` regenerates the committed ``params.yaml``
+    (``dvc exp run`` composes it the same way, with its ``-S`` overrides)."""
+    import argparse
+    import sys
+
+    from mage import io
+
+    parser = argparse.ArgumentParser(prog="python -m mage.config", description=main.__doc__)
+    parser.add_argument("--output", help="write here (atomically) instead of printing")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    text = dump(args.overrides)
+    if args.output:
+        io.write_text(args.output, text)
+    else:
+        print(text, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,11 @@
 """Typed, validated settings from the composed Hydra tree.
 
-``Settings.from_config(cfg)`` turns every section of ``params/`` into its dataclass
-(``RolloutConfig``, ``AlgoConfig``, ``TrainConfig``, ...). A key that a section does not
-know, or a value it does not allow, raises :class:`SettingsError` naming the key and the
-allowed keys or values, before any work starts.
+``load_settings(overrides)`` composes ``params/`` (or reads an already composed file such
+as DVC's ``params.yaml``) and ``Settings.from_config(cfg)`` turns every section into its
+dataclass (``RolloutConfig``, ``AlgoConfig``, ``TrainConfig``, ``EvalConfig``, ...). Types
+are checked by pydantic against the dataclasses' annotations. A key that a section does not
+know, a value of the wrong type or one it does not allow raises :class:`SettingsError`
+naming the key and the allowed keys or values, before any work starts.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -35,17 +38,23 @@ def plain(value: Any) -> Any:
 
 def build(kind: type, section: Mapping[str, Any] | None, where: str, **extra: Any) -> Any:
     """Instantiate dataclass ``kind`` from ``section``; unknown keys and bad values raise."""
+    from pydantic import TypeAdapter, ValidationError
+
     values = dict(plain(section) or {}) | extra
     allowed = [f.name for f in dataclasses.fields(kind)]
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise SettingsError(f"{where}: unknown key(s) {unknown}; allowed keys: {allowed}")
+    built = {k: v for k, v in values.items() if dataclasses.is_dataclass(v)}  # already validated
     try:
-        return kind(**values)
-    except (TypeError, ValueError) as error:
-        message = str(error)
-        # Messages from __post_init__ name the key as 'section.key'; point at the full path.
-        raise SettingsError(f"{where}: {message}") from None
+        checked = TypeAdapter(kind).validate_python({k: v for k, v in values.items() if k not in built})
+    except ValidationError as error:
+        first = error.errors()[0]
+        if first["type"] == "value_error":  # from __post_init__: it names the key and allowed values
+            raise SettingsError(f"{where}: {str(first['ctx']['error'])}") from None
+        key = ".".join(str(part) for part in (where, *first["loc"]))
+        raise SettingsError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
+    return dataclasses.replace(checked, **built) if built else checked
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class ModelConfig:
     name: str
     path: str  # a hub id or a local directory (the tiny preset: where it is built)
     build: str | None = None  # "tiny": built locally by mage.models.tiny; None: loaded as is
+    local_dir: str | None = None  # a hub model is fetched here (DVC versions it); None: the hub cache
     dtype: str = "float32"
     device: str = "auto"
     chat: bool = True
@@ -107,6 +117,31 @@ class EngineConfig:
     sampling: SamplingSettings
 
 
+RUNNERS = ("thread", "process", "sequential")
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """``params/flow``: how the Prefect flows run (the library itself never reads this)."""
+
+    runner: str = "thread"  # thread | process | sequential: the task runner of rollout shards
+    max_workers: int = 2
+    rollout_shards: int = 1  # rollout tasks per iteration (whole groups each)
+    retries: int = 2  # retries of a task after a transient failure (OSError, timeouts, CUDA errors)
+    retry_delay_seconds: float = 2.0  # first retry delay; doubles with every retry
+    nightly_cron: str = "0 2 * * *"  # the nightly evaluation's schedule
+    timezone: str | None = None  # of the cron schedule; None: this machine's local zone
+    nightly_runs: str | None = None  # where the nightly evaluation looks for checkpoints (None: paths.runs)
+
+    def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ValueError(f"flow.runner must be one of {list(RUNNERS)}, got {self.runner!r}")
+        if self.max_workers < 1 or self.rollout_shards < 1 or self.retries < 0:
+            raise ValueError("flow.max_workers >= 1, flow.rollout_shards >= 1 and flow.retries >= 0 required")
+        if len(self.nightly_cron.split()) != 5:
+            raise ValueError(f"flow.nightly_cron must be a five-field cron expression, got {self.nightly_cron!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     game: dict[str, Any]
@@ -114,6 +149,8 @@ class Settings:
     model: ModelConfig
     algo: AlgoConfig
     train: TrainConfig
+    eval: Any  # mage.evaluation.EvalConfig
+    flow: FlowConfig
     seed: int
     paths: dict[str, Any]
     run_name: str
@@ -144,12 +181,19 @@ class Settings:
         algo_raw = dict(raw.get("algo") or {})
         algo_raw.pop("name", None)
         algo_raw.setdefault("max_response_tokens", sampling.max_new_tokens)
+        _check_game_and_population(raw)
+        from mage.evaluation import EvalConfig
+
+        eval_raw = dict(raw.get("eval") or {})
+        eval_sampling = build(SamplingSettings, eval_raw.pop("sampling", {}), "eval.sampling")
         return cls(
             game=raw["game"],
             engine=EngineConfig(rollout, int(groups), backend, options[backend], sampling),
             model=model,
             algo=build(AlgoConfig, algo_raw, "algo"),
             train=build(TrainConfig, raw.get("train"), "train"),
+            eval=build(EvalConfig, eval_raw, "eval", sampling=eval_sampling),
+            flow=build(FlowConfig, raw.get("flow"), "flow"),
             seed=int(raw.get("seed", 0)),
             paths=raw.get("paths") or {},
             run_name=str((raw.get("run") or {}).get("name", "default")),
@@ -160,3 +204,70 @@ class Settings:
         """Stable hash of some sections of the raw config (what a cached result depends on)."""
         chosen = {name: self.raw.get(name) for name in sections} if sections else self.raw
         return hashlib.sha256(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _check_game_and_population(raw: Mapping[str, Any]) -> None:
+    """The game exists and takes these parameters; the population's entries are sound."""
+    import inspect
+
+    from mage.games import GAMES, make_game
+    from mage.population import population_entries
+
+    game = raw.get("game") or {}
+    name = game.get("name")
+    if name not in GAMES:
+        raise SettingsError(f"game.name: unknown game {name!r}; allowed values: {sorted(GAMES)}")
+    params = dict(game.get("params") or {})
+    built = make_game(name)
+    accepted = [p for p in inspect.signature(type(built).__init__).parameters if p != "self"]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise SettingsError(f"game.params: unknown key(s) {unknown} for {name}; allowed keys: {accepted}")
+    try:
+        make_game(name, **params)
+        population_entries(raw)
+    except (TypeError, ValueError) as error:
+        raise SettingsError(str(error)) from None
+
+
+def load_settings(overrides: Sequence[str] = (), config_file: str | Path | None = None) -> Settings:
+    """Compose ``params/`` with Hydra ``overrides``, or read a composed YAML file (DVC's
+    ``params.yaml``, composed by DVC from the same tree), and validate everything.
+
+    Any problem (an unknown config group option, a key that does not exist, a wrong type or
+    value) raises :class:`SettingsError` with a message naming the key and what is allowed.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mage.config import compose
+
+    if config_file is not None and overrides:
+        raise SettingsError("overrides apply to the params/ tree; a composed config file is used as it is")
+    try:
+        if config_file is None:
+            cfg = compose(list(overrides))
+        else:
+            cfg = OmegaConf.load(config_file)
+            OmegaConf.resolve(cfg)
+    except (HydraException, OmegaConfBaseException) as error:
+        raise SettingsError(f"config: {error}{_allowed_keys_hint(str(error), overrides)}") from None
+    return Settings.from_config(cfg)
+
+
+def _allowed_keys_hint(message: str, overrides: Sequence[str]) -> str:
+    """For Hydra's "Could not override 'a.b'": the keys that section ``a`` does have."""
+    import re
+
+    from mage.config import compose
+
+    match = re.search(r"Could not override '([^']+)'", message)
+    if not match or "." not in match.group(1):
+        return ""
+    section, _, _ = match.group(1).rpartition(".")
+    try:
+        cfg = compose([o for o in overrides if not o.startswith(match.group(1) + "=")])
+        keys = sorted(OmegaConf.select(cfg, section).keys())
+    except Exception:  # the hint is a courtesy; the original error stands on its own
+        return ""
+    return f"\nallowed keys in {section}: {keys}"

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from mage import io
 from mage.backends.chat import format_prompt
-from mage.models.tiny import random_model, scripted_tables, train_tokenizer
+from mage.models.tiny import check_round_trip, random_model, scripted_tables, train_tokenizer
 from mage.settings import ModelConfig, TinyBuild
 from mage.train.batching import causal_lm_forward, micro_batches
 
@@ -67,7 +67,7 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
                 nll = -torch.log_softmax(logits.float(), -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
                 loss = (nll * batch.response_mask).sum() / tokens
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
@@ -79,13 +79,43 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
     return losses
 
 
+def warm_start_check(model, tokenizer, game_name: str, seed: int, progress: bool, groups: int = 16) -> dict[str, float]:
+    """How the warm start plays: its own rollouts (training sampling) against the training
+    population, so the preset's description says how much room it leaves for RL."""
+    from mage.backends.hf import HFBackend
+    from mage.backends.base import SamplingSettings
+    from mage.config import compose
+    from mage.population import population_entries
+    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+    from mage.rollout.metrics import final_episode_metrics
+
+    cfg = compose([f"game={game_name}"])
+    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    num_seats = 1 if game_name == "sokoban" else 2
+    specs = plan_meta_episodes(entries, groups, 4, seed, cfg.population.seat_split, num_seats)
+    engine = RolloutEngine(HFBackend(model, tokenizer), RolloutConfig(group_size=4), cfg.game.params)
+    table = engine.run(specs, SamplingSettings(max_new_tokens=64, seed=seed), run_id="warm-start", progress=progress)
+    pooled = final_episode_metrics(table).filter(pl.col("opponent") == "all").row(0, named=True)
+    play = table.filter(pl.col("phase") == "play")
+    reflect = table.filter(pl.col("phase") == "reflect")
+    return {
+        "meta_episodes": len(specs),
+        "invalid_rate": round(1.0 - float(play["valid"].mean()), 4),
+        "reflection_validity": round(float(reflect["valid"].mean()), 4) if reflect.height else None,
+        "first_win_rate": round(pooled["first_win_rate"], 4),
+        "final_win_rate": round(pooled["final_win_rate"], 4),
+        "final_mean_return": round(pooled["final_mean_return"], 4),
+    }
+
+
 def build_tiny(model_cfg: ModelConfig, out_dir: str | Path | None = None, progress: bool = True) -> Path:
     """Build the tiny preset into ``out_dir`` (default ``model_cfg.path``), atomically."""
     build = model_cfg.tiny or TinyBuild()
     out_dir = Path(out_dir or model_cfg.path)
     started = time.perf_counter()
     games = sorted(set(build.bc_games) | {"kuhn_poker", "tic_tac_toe", "sokoban"})
-    tokenizer = train_tokenizer(corpus(build, games, progress), vocab_size=build.vocab_size)
+    texts = corpus(build, games, progress)
+    tokenizer = train_tokenizer(texts, vocab_size=build.vocab_size)
     model = random_model(
         tokenizer,
         hidden_size=build.hidden_size,
@@ -100,6 +130,7 @@ def build_tiny(model_cfg: ModelConfig, out_dir: str | Path | None = None, progre
         [scripted_tables(g, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress) for g in build.bc_games]
     )
     losses = behaviour_cloning(model, tokenizer, bc_table, build, progress)
+    check = {game: warm_start_check(model, tokenizer, game, build.seed + 2, progress) for game in build.bc_games}
     description: dict[str, Any] = {
         "preset": model_cfg.name,
         "build": {k: (list(v) if isinstance(v, tuple) else v) for k, v in build.__dict__.items()},
@@ -109,6 +140,7 @@ def build_tiny(model_cfg: ModelConfig, out_dir: str | Path | None = None, progre
         "bc_calls": bc_table.height,
         "bc_loss_first": losses[0] if losses else None,
         "bc_loss_last": float(np.mean(losses[-10:])) if losses else None,
+        "warm_start": check,
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -117,6 +149,8 @@ def build_tiny(model_cfg: ModelConfig, out_dir: str | Path | None = None, progre
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "preset.json").write_text(json.dumps(description, indent=2, sort_keys=True) + "\n")
+        # What a user loads must be what was trained: encode a sample of the corpus both ways.
+        check_round_trip(tokenizer, str(tmp), texts[:: max(1, len(texts) // 200)])
 
     io.replace_directory(out_dir, write)
     return out_dir

@@ -1,9 +1,13 @@
 """Building blocks of the locally built ``tiny`` model preset (no hub needed).
 
 * :func:`train_tokenizer`: a byte-level BPE tokenizer trained with the ``tokenizers``
-  library on the games' own text, with Qwen's ChatML chat template and special tokens
-  (``<|im_start|>``, ``<|im_end|>`` as end of turn, ``<|endoftext|>`` as padding). The
-  protocol tags are single tokens, which a small model finds easier to emit.
+  library on the games' own text, with Qwen2's normalizer and pre-tokenizer, Qwen's ChatML
+  chat template and special tokens (``<|im_start|>``, ``<|im_end|>`` as end of turn,
+  ``<|endoftext|>`` as padding). The protocol tags are single tokens, which a small model
+  finds easier to emit. Qwen2's pipeline is not a matter of taste: ``AutoTokenizer`` loads
+  a ``qwen2`` model directory as ``Qwen2Tokenizer``, which rebuilds that pipeline around the
+  saved vocabulary, so a tokenizer trained any other way would split text differently once
+  loaded from disk (:func:`check_round_trip` guards against that).
 * :func:`random_model`: a small Qwen2-architecture causal LM initialised from a seed.
 
 Both are saved with ``save_pretrained`` as an ordinary model directory and loaded back
@@ -12,11 +16,12 @@ exactly as a hub model would be, with ``from_pretrained`` on the path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 PROTOCOL_TOKENS = ["<action>", "</action>", "<remark>", "</remark>", "<think>", "</think>"]
@@ -33,7 +38,12 @@ CHAT_TEMPLATE = (
 def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``corpus`` and wrap it as a transformers tokenizer."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's pipeline (transformers' Qwen2Tokenizer builds exactly this around a vocabulary).
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -54,6 +64,27 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency
     wrapped.add_tokens(PROTOCOL_TOKENS)
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
+
+
+class TokenizerRoundTripError(RuntimeError):
+    """A saved tokenizer does not encode text as the one that was trained."""
+
+
+def check_round_trip(tokenizer: PreTrainedTokenizerFast, directory: str, texts: Sequence[str]) -> None:
+    """Load ``directory`` with ``AutoTokenizer`` (as any user would) and check that it encodes
+    ``texts`` and the chat template exactly as ``tokenizer`` does."""
+    loaded = AutoTokenizer.from_pretrained(directory)
+    chat = [{"role": "user", "content": "x"}]
+    if loaded.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) != tokenizer.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    ):
+        raise TokenizerRoundTripError(f"{directory}: the reloaded chat template differs")
+    for text in texts:
+        if loaded(text, add_special_tokens=False)["input_ids"] != tokenizer(text, add_special_tokens=False)["input_ids"]:
+            raise TokenizerRoundTripError(
+                f"{directory}: {type(loaded).__name__} loaded from disk encodes text differently from the trained "
+                f"tokenizer (first case: {text[:80]!r})"
+            )
 
 
 def random_model(

@@ -38,6 +38,9 @@ RULE_TABLES: dict[str, dict[str, tuple[float, float, float]]] = {
     "calling_station": {OPEN: (0, 0, 0), FACING_BET: (1, 1, 1)},
     # unseen: uniform random
     "random": {OPEN: (0.5, 0.5, 0.5), FACING_BET: (0.5, 0.5, 0.5)},
+    # a timid beginner: checks and folds four times in five, whatever its card (the tiny
+    # preset's warm start imitates it: it speaks the protocol, explores, and plays badly)
+    "timid": {OPEN: (0.2, 0.2, 0.2), FACING_BET: (0.2, 0.2, 0.2)},
 }
 
 DESCRIPTIONS = {
@@ -47,6 +50,7 @@ DESCRIPTIONS = {
     "bluffer": "bets J (bluff) and K when nobody has bet, checks Q; facing a bet folds J, calls Q/K",
     "calling_station": "never bets; always calls a bet",
     "random": "uniform random: check/bet or fold/call with probability 1/2 each",
+    "timid": "checks or folds with probability 4/5 whatever its card, bets or calls otherwise",
 }
 
 

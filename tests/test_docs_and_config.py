@@ -1,0 +1,57 @@
+"""Docs that must match the code, and the config tree's validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mage.rollout.schema import describe
+from mage.settings import SettingsError, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_shows_the_trajectory_schema_as_the_code_defines_it():
+    assert describe() in (REPO / "README.md").read_text()
+
+
+def test_the_readme_names_the_two_commands_and_ci_runs_the_test_command():
+    readme = (REPO / "README.md").read_text()
+    assert "`bash scripts/run.sh`" in readme and "`bash scripts/test.sh`" in readme
+    assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo=foo", "Available options in 'algo'"),
+        ("train.foo=1", "allowed keys in train: .*learning_rate"),
+        ("+train.foo=1", r"train: unknown key\(s\) \['foo'\]; allowed keys: .*learning_rate"),
+        ("train.learning_rate=fast", "train.learning_rate: Input should be a valid number"),
+        ("engine.context_mode=everything", "context_mode must be one of .*reflection_only"),
+        ("algo.norm_scope=world", "norm_scope must be one of .*opponent"),
+        ("+game.params.turn_limt=3", r"game.params: unknown key\(s\) \['turn_limt'\].*turn_limit"),
+        ("flow.runner=dask", "flow.runner must be one of .*process"),
+        ("flow.nightly_cron='at two'", "five-field cron"),
+        ("eval.split=everyone", "eval.split must be one of"),
+        ("population.train.conservative.share=0.5", "shares sum to 1.2"),
+    ],
+)
+def test_a_wrong_key_or_value_names_the_key_and_what_is_allowed(override, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings([override])
+
+
+def test_every_preset_and_the_paper_experiment_compose():
+    for overrides in ([], ["game=tic_tac_toe"], ["game=sokoban"], ["model=qwen3_4b"], ["model=qwen2_5_0_5b"],
+                      ["algo=grpo"], ["algo=lamer"], ["algo=gigpo"], ["+experiment=paper"]):
+        settings = load_settings(overrides)
+        assert settings.run_name
+    paper = load_settings(["+experiment=paper"])
+    assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.rollout.group_size) == (
+        "qwen3_4b", "vllm", 16, 8)
+    # The real-model presets differ from each other only by name, dtype and LoRA settings.
+    a, b = load_settings(["model=qwen3_4b"]).model, load_settings(["model=qwen2_5_0_5b"]).model
+    differing = {k for k in a.__dataclass_fields__ if getattr(a, k) != getattr(b, k)}
+    assert differing <= {"name", "path", "local_dir", "dtype", "lora", "enable_thinking"}

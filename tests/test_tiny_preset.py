@@ -1,0 +1,45 @@
+"""The tiny preset is built locally and loads exactly as a hub model does."""
+
+from __future__ import annotations
+
+import json
+
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mage.models.build import build_tiny
+from mage.models.policy import load_policy
+from mage.settings import load_settings
+from mage.train.loop import ensure_model
+
+SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
+         "model.tiny.vocab_size=512", "model.tiny.corpus_meta_episodes=16", "model.tiny.bc_meta_episodes=32",
+         "model.tiny.bc_epochs=1"]
+
+
+def test_build_gives_an_ordinary_model_directory(tmp_path):
+    settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}"])
+    directory = build_tiny(settings.model, progress=False)
+    assert directory == tmp_path / "models" / "tiny-kuhn_poker"
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert model.config.model_type == "qwen2" and model.config.hidden_size == 32
+    # What AutoTokenizer rebuilds from the directory splits text exactly as the trained one did.
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("<action>check</action>", add_special_tokens=False)["input_ids"])
+    assert tokens[0] == "<action>" and tokens[-1] == "</action>"  # protocol tags are single tokens
+    preset = json.loads((directory / "preset.json").read_text())
+    warm = preset["warm_start"]["kuhn_poker"]
+    assert 0 <= warm["invalid_rate"] <= 1 and 0 <= warm["final_win_rate"] <= 1 and warm["meta_episodes"] == 64
+    assert preset["build"]["bc_rules"] == ["timid"] and preset["parameters"] == sum(p.numel() for p in model.parameters())
+    # The same seed builds the same weights: a preset is reproducible from its config.
+    again = build_tiny(settings.model, tmp_path / "again", progress=False)
+    assert (again / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()
+
+
+def test_a_hub_preset_loads_from_a_local_directory(tiny_model_dir, tmp_path):
+    # The hub path: a real preset (LoRA, its own dtype) pointed at a locally saved model directory.
+    settings = load_settings(["model=qwen2_5_0_5b", f"model.path={tiny_model_dir}", "model.dtype=float32",
+                              "+model.lora.target_modules=[q_proj,v_proj]", f"paths.artifacts={tmp_path}"])
+    assert ensure_model(settings) == str(tiny_model_dir)
+    policy = load_policy(ensure_model(settings), dtype=settings.model.dtype, lora=settings.model.lora)
+    assert policy.is_lora and sum(p.numel() for p in policy.model.parameters() if p.requires_grad) > 0
