@@ -1,7 +1,15 @@
 """Test-wide settings: offline, quiet, no telemetry."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
+# Prefect keeps its database, results and cache records under PREFECT_HOME: a fresh one per
+# test session, so tests never read a developer's (or an earlier session's) cache.
+_prefect_home = tempfile.mkdtemp(prefix="mage-test-prefect-")
+atexit.register(shutil.rmtree, _prefect_home, True)
+os.environ["PREFECT_HOME"] = _prefect_home
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -33,14 +41,25 @@ def game_text_corpus() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small random Qwen2 model and a tokenizer trained on game text, saved to a directory."""
-    from mage.models.tiny import random_model, train_tokenizer
+    from mage.models.tiny import check_round_trip, random_model, train_tokenizer
 
     directory = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = train_tokenizer(game_text_corpus(), vocab_size=400)
+    corpus = game_text_corpus()
+    tokenizer = train_tokenizer(corpus, vocab_size=400)
     model = random_model(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    check_round_trip(tokenizer, str(directory), corpus[::10])
     return directory
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect server and database for the flows under test (Prefect's own harness)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 def pytest_collection_modifyitems(config, items):
@@ -57,3 +76,84 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_gpu)
         if "vllm" in item.keywords and not (has_vllm and torch.cuda.is_available()):
             item.add_marker(no_vllm)
+
+
+# -- a real Prefect server, as a researcher starts one ---------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str, body: dict | None = None):
+    import json
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+                                     method="POST" if body is not None else "GET")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def wait_for(condition, timeout: float, what: str, process=None, log=None):
+    """Poll ``condition`` until it is truthy; fail early if ``process`` exits."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {process.returncode}:\n{log.read_text() if log else ''}")
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"timed out waiting for {what}" + (f":\n{log.read_text()[-4000:]}" if log else ""))
+
+
+def start_process(command, env, log, cwd=None):
+    import subprocess
+
+    handle = open(log, "w")
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process(process) -> None:
+    import signal
+    import subprocess
+
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """``prefect server start`` on 127.0.0.1 (its own home and database), stopped afterwards.
+    Yields the environment that points clients (and the UI) at it."""
+    import sys
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = os.environ | {
+        "PREFECT_HOME": str(home), "PREFECT_API_URL": api, "PREFECT_UI_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+    }
+    log = home / "server.log"
+    server = start_process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                           env, log)
+    try:
+        wait_for(lambda: get_json(f"{api}/health") is True, 120, "the Prefect server", server, log)
+        yield {"env": env, "api": api, "ui": f"http://127.0.0.1:{port}", "log": log}
+    finally:
+        stop_process(server)

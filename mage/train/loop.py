@@ -1,14 +1,15 @@
 """The training loop: rollout -> returns -> advantages -> update -> checkpoint.
 
-Each step is a plain function so the Prefect tasks can run them one by one (with file
-references between them); :func:`train` runs them in-process, keeping the policy in
-memory. Every finished iteration leaves a checkpoint and its trajectory table, so an
-interrupted run resumes from the last complete checkpoint with the same optimizer and
-RNG state and loses no finished iteration.
+Each step is a plain function, so the Prefect tasks of ``tasks/`` run exactly these steps
+one by one (with file references between them) and :func:`train` runs them in-process.
+A :class:`TrainingState` holds the policy, its trainer and the checkpoint whose weights
+and optimizer state it equals; every finished iteration leaves a checkpoint and its
+trajectory table, so an interrupted run resumes from the last complete checkpoint with
+the same optimizer and RNG state and loses no finished iteration.
 
 Layout of a run (``paths.runs/<run.name>``)::
 
-    checkpoints/ckpt-00001/ ...      one per finished iteration
+    checkpoints/ckpt-00001/ ...      one per finished iteration (train.checkpoint_every)
     rollouts/iteration-00001.parquet trajectory table with returns and advantages
     metrics.jsonl                    one line of metrics per finished iteration
 """
@@ -16,8 +17,8 @@ Layout of a run (``paths.runs/<run.name>``)::
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,9 @@ from mage.algo import add_advantages, add_returns
 from mage.backends import Backend, make_backend
 from mage.models.policy import Policy, load_policy
 from mage.population import PopulationEntry, population_entries
-from mage.rollout import RolloutEngine, plan_meta_episodes, write_trajectories
-from mage.rollout.metrics import final_episode_metrics
+from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.rollout.engine import derive_seed
+from mage.rollout.metrics import final_episode_metrics
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from mage.train.trainer import PolicyTrainer
@@ -55,19 +56,34 @@ class RunPaths:
     def rollout(self, iteration: int) -> Path:
         return self.rollouts / f"iteration-{iteration:05d}.parquet"
 
+    def rollout_shard(self, iteration: int, shard: int) -> Path:
+        return self.rollouts / "shards" / f"iteration-{iteration:05d}-shard-{shard:03d}.parquet"
+
     @classmethod
     def of(cls, settings: Settings) -> RunPaths:
         return cls(Path(settings.paths.get("runs", "artifacts/runs")) / settings.run_name)
 
 
+# -- the model ---------------------------------------------------------------------------
 def ensure_model(settings: Settings, progress: bool = True) -> str:
-    """The base model's location; the tiny preset is built first if it is missing."""
+    """The base model's local directory, made available: the tiny preset is built if missing;
+    a hub model (``model.path`` is a hub id) is fetched into ``model.local_dir`` (or the hub
+    cache) unless it is already there. Either way the result loads with ``from_pretrained``."""
     model = settings.model
-    if model.build == "tiny" and not (Path(model.path) / "config.json").is_file():
-        from mage.models.build import build_tiny
+    if model.build == "tiny":
+        if not (Path(model.path) / "config.json").is_file():
+            from mage.models.build import build_tiny
 
-        build_tiny(model, progress=progress)
-    return model.path
+            build_tiny(model, progress=progress)
+        return model.path
+    if Path(model.path).is_dir():
+        return model.path
+    if model.local_dir and (Path(model.local_dir) / "config.json").is_file():
+        return model.local_dir
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+    return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=patterns)
 
 
 def load_run_policy(settings: Settings, checkpoint: ckpt.Checkpoint | None = None, trainable: bool = True) -> Policy:
@@ -81,7 +97,7 @@ def load_run_policy(settings: Settings, checkpoint: ckpt.Checkpoint | None = Non
 
 
 def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint: ckpt.Checkpoint | None = None) -> Backend:
-    """A backend generating with the run's current policy."""
+    """A backend generating with the run's policy (``policy`` in memory, else ``checkpoint``)."""
     engine, model = settings.engine, settings.model
     options = dict(engine.backend_options)
     if engine.backend == "hf":
@@ -99,23 +115,40 @@ def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint
     return make_backend("scripted", **options)
 
 
+# -- one iteration, step by step ------------------------------------------------------------
 def training_entries(settings: Settings) -> tuple[list[PopulationEntry], float]:
-    from mage.config import compose  # noqa: F401  (settings carry the composed tree)
-
     entries = population_entries(settings.raw)
     return [e for e in entries if e.split == "train"], float(settings.raw["population"].get("seat_split", 0.5))
 
 
-def rollout_iteration(settings: Settings, backend: Backend, iteration: int, progress: bool = True) -> pl.DataFrame:
-    """Play this iteration's meta-episodes against the training population."""
+def plan_iteration(settings: Settings, iteration: int) -> list[MetaEpisodeSpec]:
+    """The meta-episodes of an iteration: groups drawn from the training population."""
     entries, seat_split = training_entries(settings)
-    engine_cfg = settings.engine
-    seed = derive_seed(settings.seed, iteration)
     num_seats = 1 if settings.game["name"] == "sokoban" else 2
-    specs = plan_meta_episodes(entries, engine_cfg.groups, engine_cfg.rollout.group_size, seed, seat_split, num_seats)
-    engine = RolloutEngine(backend, engine_cfg.rollout, settings.game.get("params") or {})
-    sampling = engine_cfg.sampling.__class__(**{**engine_cfg.sampling.__dict__, "seed": seed})
-    return engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
+    engine = settings.engine
+    return plan_meta_episodes(
+        entries, engine.groups, engine.rollout.group_size, derive_seed(settings.seed, iteration), seat_split, num_seats
+    )
+
+
+def shard_specs(specs: Sequence[MetaEpisodeSpec], shard: int, shards: int) -> list[MetaEpisodeSpec]:
+    """Shard ``shard`` of ``shards``: whole groups, dealt round-robin (groups stay together
+    so a shard's rows can be scored with the others' after they are concatenated)."""
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard must be in [0, {shards}), got {shard}")
+    return [s for s in specs if s.group_id % shards == shard]
+
+
+def rollout_iteration(
+    settings: Settings, backend: Backend, iteration: int, progress: bool = True, shard: int = 0, shards: int = 1
+) -> tuple[pl.DataFrame, RolloutStats]:
+    """Play this iteration's meta-episodes (or one shard of them) against the training population."""
+    specs = shard_specs(plan_iteration(settings, iteration), shard, shards)
+    engine = RolloutEngine(backend, settings.engine.rollout, settings.game.get("params") or {})
+    # One sampling seed per (iteration, shard): a re-run draws the same replies.
+    sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
+    table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
+    return table, engine.last_stats
 
 
 def score_iteration(settings: Settings, table: pl.DataFrame) -> pl.DataFrame:
@@ -124,7 +157,7 @@ def score_iteration(settings: Settings, table: pl.DataFrame) -> pl.DataFrame:
 
 
 def summarise(table: pl.DataFrame) -> dict[str, float]:
-    """Per-iteration training metrics from the scored table (final episode per opponent)."""
+    """Per-iteration training metrics from the scored table (first and final episode per opponent)."""
     out: dict[str, float] = {}
     for row in final_episode_metrics(table).iter_rows(named=True):
         for name in ("first_win_rate", "final_win_rate", "first_mean_return", "final_mean_return", "return_gain"):
@@ -137,12 +170,107 @@ def summarise(table: pl.DataFrame) -> dict[str, float]:
     return out
 
 
+def rollout_metrics_of(stats: Sequence[RolloutStats]) -> dict[str, float]:
+    """Throughput of an iteration's rollout (shards run side by side: the slowest sets the time)."""
+    seconds = max((s.total_seconds for s in stats), default=0.0)
+    metas = sum(s.meta_episodes for s in stats)
+    tokens = sum(s.generated_tokens for s in stats)
+    return {
+        "rollout/seconds": seconds,
+        "rollout/meta_episodes_per_second": metas / seconds if seconds else 0.0,
+        "rollout/generated_tokens_per_second": tokens / seconds if seconds else 0.0,
+    }
+
+
+@dataclass
+class TrainingState:
+    """The policy and its trainer, equal to ``checkpoint`` (None: the base weights, fresh optimizer)."""
+
+    settings: Settings
+    policy: Policy
+    trainer: PolicyTrainer
+    checkpoint: ckpt.Checkpoint | None = None
+    _backend: Backend | None = field(default=None, repr=False)
+
+    @property
+    def checkpoint_hash(self) -> str | None:
+        return None if self.checkpoint is None else ckpt.content_hash(self.checkpoint.path)
+
+    def backend(self) -> Backend:
+        """The rollout backend of the current weights (hf shares the policy's model in memory)."""
+        if self._backend is None:
+            self._backend = rollout_backend(self.settings, self.policy, self.checkpoint)
+        return self._backend
+
+    def update(self, table: pl.DataFrame, iteration: int) -> dict[str, float]:
+        """One PPO update on a scored table; the seed follows the iteration, so it replays."""
+        return self.trainer.update(table, seed=derive_seed(self.settings.seed, iteration, 1))
+
+    def save(self, iteration: int, metrics: dict[str, Any]) -> ckpt.Checkpoint:
+        """Checkpoint the current weights, optimizer and RNG state as iteration ``iteration``."""
+        paths = RunPaths.of(self.settings)
+        saved = ckpt.save_checkpoint(
+            paths.checkpoints, iteration, self.policy, self.trainer.optimizer,
+            config_hash=self.settings.section_hash(), parent=str(self.checkpoint.path) if self.checkpoint else None,
+            metrics=metrics,
+        )
+        ckpt.prune_checkpoints(paths.checkpoints, self.settings.train.keep_checkpoints)
+        self.checkpoint = saved
+        if self._backend is not None and self.settings.engine.backend == "vllm":
+            if saved.kind == "lora":  # serve the new adapter
+                self._backend.set_adapter(saved.path)  # type: ignore[attr-defined]
+            else:  # full weights: vLLM loads them anew
+                self._backend.close()
+                self._backend = None
+        return saved
+
+
+def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None) -> TrainingState:
+    """A training state at ``checkpoint`` (weights, optimizer and RNG state), or at the start."""
+    # The trainer is built on the base weights (full fine-tuning copies them as the
+    # reference policy); a checkpoint's weights are loaded into the policy afterwards.
+    policy = load_run_policy(settings)
+    trainer = PolicyTrainer(policy, settings.train, settings.algo)
+    if checkpoint is not None:
+        ckpt.load_weights(policy, checkpoint)
+        ckpt.load_trainer_state(checkpoint, trainer.optimizer)
+    return TrainingState(settings, policy, trainer, checkpoint)
+
+
+def checkpoint_due(settings: Settings, iteration: int) -> bool:
+    return iteration % settings.train.checkpoint_every == 0 or iteration == settings.train.iterations
+
+
+def record_metrics(settings: Settings, metrics: dict[str, Any]) -> None:
+    """Append an iteration's metrics to the run's ``metrics.jsonl`` (replacing an older line)."""
+    path = RunPaths.of(settings).metrics
+    lines = path.read_text().splitlines() if path.is_file() else []
+    iteration = metrics["iteration"]
+    lines = [line for line in lines if json.loads(line).get("iteration") != iteration]
+    # Rewriting the whole file atomically keeps it whole after a crash.
+    io.write_text(path, "\n".join(lines + [json.dumps(metrics, sort_keys=True)]) + "\n")
+
+
 @dataclass
 class IterationResult:
     iteration: int
     metrics: dict[str, Any]
     checkpoint: ckpt.Checkpoint | None
     rollout_path: Path
+
+
+def run_iteration(state: TrainingState, iteration: int, progress: bool = True) -> IterationResult:
+    """Rollout, returns and advantages, update, trajectory table and (when due) checkpoint."""
+    settings = state.settings
+    raw, stats = rollout_iteration(settings, state.backend(), iteration, progress)
+    table = score_iteration(settings, raw)
+    update = state.update(table, iteration)
+    metrics = {"iteration": iteration, **summarise(table), **rollout_metrics_of([stats]),
+               **{f"train/{k}": v for k, v in update.items()}}
+    rollout_path = write_trajectories(table, RunPaths.of(settings).rollout(iteration))
+    saved = state.save(iteration, metrics) if checkpoint_due(settings, iteration) else None
+    record_metrics(settings, metrics)
+    return IterationResult(iteration, metrics, saved, rollout_path)
 
 
 def train(
@@ -158,49 +286,15 @@ def train(
     ``stop_after`` ends the call after that many iterations of this call (the run
     itself is not shortened: a later call resumes it).
     """
-    paths = RunPaths.of(settings)
-    latest = ckpt.latest_checkpoint(paths.checkpoints) if resume else None
-    # The trainer is built on the base weights (full fine-tuning copies them as the
-    # reference policy); a resumed run's weights are loaded into the policy afterwards.
-    policy = load_run_policy(settings)
-    trainer = PolicyTrainer(policy, settings.train, settings.algo)
-    if latest is not None:
-        ckpt.load_weights(policy, latest)
-        ckpt.load_trainer_state(latest, trainer.optimizer)
+    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints) if resume else None
+    state = start_training(settings, latest)
     start = latest.iteration + 1 if latest else 1
-    backend = rollout_backend(settings, policy, latest)
-    config_hash = settings.section_hash()
-    parent = str(latest.path) if latest else None
     results = []
     for iteration in range(start, settings.train.iterations + 1):
         if stop_after is not None and len(results) >= stop_after:
             break
-        table = score_iteration(settings, rollout_iteration(settings, backend, iteration, progress))
-        update = trainer.update(table, seed=derive_seed(settings.seed, iteration, 1))
-        metrics = {"iteration": iteration, **summarise(table), **{f"train/{k}": v for k, v in update.items()}}
-        metrics["rollout/seconds"] = getattr(backend, "last_seconds", None) or 0.0
-        rollout_path = write_trajectories(table, paths.rollout(iteration))
-        saved = None
-        if iteration % settings.train.checkpoint_every == 0 or iteration == settings.train.iterations:
-            saved = ckpt.save_checkpoint(
-                paths.checkpoints, iteration, policy, trainer.optimizer,
-                config_hash=config_hash, parent=parent, metrics=metrics,
-            )
-            parent = str(saved.path)
-            ckpt.prune_checkpoints(paths.checkpoints, settings.train.keep_checkpoints)
-            if settings.engine.backend == "vllm":  # serve the new weights
-                backend.set_adapter(saved.path)  # type: ignore[attr-defined]
-        _append_metrics(paths.metrics, metrics)
-        result = IterationResult(iteration, metrics, saved, rollout_path)
+        result = run_iteration(state, iteration, progress)
         results.append(result)
         if on_iteration is not None:
             on_iteration(result)
     return results
-
-
-def _append_metrics(path: Path, metrics: dict[str, Any]) -> None:
-    """Append a line; rewriting the whole file atomically keeps it whole after a crash."""
-    lines = path.read_text().splitlines() if path.is_file() else []
-    iteration = metrics["iteration"]
-    lines = [line for line in lines if json.loads(line).get("iteration") != iteration]
-    io.write_text(path, "\n".join(lines + [json.dumps(metrics, sort_keys=True)]) + "\n")

@@ -1,0 +1,44 @@
+"""Run a flow from the command line (DVC stages and scripts use this).
+
+    python -m flows <flow> [hydra overrides ...]          compose params/ with the overrides
+    python -m flows <flow> --config params.yaml           use an already composed config
+    python -m flows evaluate --checkpoint PATH --split held_out
+    python -m flows report --evaluation-dir DIR --out-dir DIR
+
+Flows: seed_population, prepare_model, train, evaluate, report, pipeline, nightly_evaluation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from flows import FLOWS
+
+    parser = argparse.ArgumentParser(prog="python -m flows", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("flow", choices=sorted(FLOWS))
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo=grpo train.iterations=20")
+    parser.add_argument("--config", dest="config_file", help="a composed config file (DVC's params.yaml)")
+    parser.add_argument("--checkpoint", help="evaluate: the checkpoint directory (default: the run's latest)")
+    parser.add_argument("--split", help="evaluate: train, held_out or all (default: eval.split)")
+    parser.add_argument("--out-dir", help="evaluate, report: where the tables or the report go")
+    parser.add_argument("--evaluation-dir", help="report: the evaluation tables to report on")
+    parser.add_argument("--no-report", action="store_true", help="evaluate: write the tables only")
+    args = parser.parse_args(argv)
+    kwargs = {"overrides": args.overrides, "config_file": args.config_file}
+    if args.flow == "evaluate":
+        kwargs |= {"checkpoint": args.checkpoint, "split": args.split, "out_dir": args.out_dir,
+                   "report": not args.no_report}
+    elif args.flow == "report":
+        kwargs |= {"evaluation_dir": args.evaluation_dir, "out_dir": args.out_dir}
+    elif args.checkpoint or args.split or args.out_dir or args.evaluation_dir or args.no_report:
+        parser.error("--checkpoint, --split, --out-dir, --evaluation-dir and --no-report belong to evaluate or report")
+    FLOWS[args.flow](**kwargs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

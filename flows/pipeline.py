@@ -1,0 +1,34 @@
+"""Flow ``pipeline``: the whole lifecycle, as the sub-flows it is made of.
+
+    seed_population -> prepare_model -> train (rollout -> advantages -> update -> checkpoint)
+                    -> evaluate (training and held-out opponents) -> report (with ceilings)
+
+The DVC pipeline (``dvc.yaml``) runs the same sub-flows as its stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows.common import logger, settings_for
+from flows.evaluate import evaluate, report
+from flows.prepare_model import prepare_model
+from flows.seed_population import seed_population
+from flows.train import train
+
+
+@flow(name="pipeline")
+def pipeline(overrides: list[str] | None = None, config_file: str | None = None) -> dict[str, Any]:
+    """Seed the population, prepare the model, train, evaluate the final checkpoint and report."""
+    settings = settings_for(overrides, config_file)  # fail on a bad override before any work
+    seed_population(overrides, config_file)
+    prepare_model(overrides, config_file)
+    trained = train(overrides, config_file)
+    checkpoint = trained["checkpoint"]
+    played = evaluate(overrides, config_file, checkpoint=checkpoint.path if checkpoint else None, split="all",
+                      report=False)
+    written = report(overrides, config_file, evaluation_dir=played["directory"])
+    logger().info(f"run {settings.run_name} done; report: {written['files']['markdown'].path}")
+    return {"checkpoint": checkpoint, "report": written["directory"], "metrics": written["metrics"]}

@@ -1,0 +1,84 @@
+"""Flow ``train``: iterations of rollout -> advantages -> update -> checkpoint.
+
+Each iteration fans its rollout shards out through the configured task runner, scores the
+shards into one table, updates the policy from the previous checkpoint and checkpoints the
+result; every ``train.eval_every`` iterations the checkpoint plays the held-out opponents.
+Every task is cached on what determines its result, so re-running a finished or crashed
+run skips the finished iterations and continues where it stopped; lengthening a run
+(``train.iterations=...``) reuses the iterations it already has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from flows.common import configured, describe_iteration, logger, make_runner, publish_training_table, settings_for
+from mage import io
+from mage.rollout.engine import RolloutStats
+from mage.train.loop import RunPaths, rollout_metrics_of
+from tasks import evaluate_checkpoint, prepare_model, rollout_shard, score_rollout, train_iteration
+from tasks.refs import FileRef
+
+
+@flow(name="train")
+def train(overrides: list[str] | None = None, config_file: str | None = None) -> dict[str, Any]:
+    """Train ``run.name`` for ``train.iterations`` iterations; returns the last checkpoint and metrics."""
+    settings = settings_for(overrides, config_file)
+    config, flow_cfg = settings.raw, settings.flow
+    log = logger()
+    model = configured(prepare_model, flow_cfg)(config)
+    rollout, score, update = (configured(t, flow_cfg) for t in (rollout_shard, score_rollout, train_iteration))
+    evaluate = configured(evaluate_checkpoint, flow_cfg)
+    checkpoint: FileRef | None = None
+    history: list[dict[str, Any]] = []
+    evaluations: dict[int, Any] = {}
+    shards = flow_cfg.rollout_shards
+    log.info(f"run {settings.run_name}: {settings.train.iterations} iterations, {settings.engine.groups} groups x "
+             f"{settings.engine.rollout.group_size} meta-episodes, {shards} rollout shard(s) on a {flow_cfg.runner} runner")
+    live = live_metrics(settings)
+    with make_runner(flow_cfg) as runner:
+        for iteration in range(1, settings.train.iterations + 1):
+            futures = [
+                runner.submit(rollout, {"config": config, "model": model, "checkpoint": checkpoint,
+                                        "iteration": iteration, "shard": shard, "shards": shards})
+                for shard in range(shards)
+            ]
+            played = [future.result() for future in futures]
+            table = score(config, [p["table"] for p in played], iteration)
+            result = update(config, model, table, checkpoint, iteration)
+            checkpoint = result["checkpoint"]
+            metrics = result["metrics"] | rollout_metrics_of([RolloutStats(**p["stats"]) for p in played])
+            history.append(metrics)
+            log.info(describe_iteration(metrics))
+            publish_training_table(settings.run_name, history)
+            if live is not None:
+                for key, value in metrics.items():
+                    if isinstance(value, (int, float)) and key != "iteration":
+                        live.log_metric(key, value)
+                live.next_step()
+            every = settings.train.eval_every
+            if every and iteration % every == 0:
+                evaluations[iteration] = evaluate(config, model, checkpoint, settings.eval.split)
+                finals = {row["opponent"]: row["final_win_rate"] for row in evaluations[iteration]["final"]}
+                log.info(f"evaluation at iteration {iteration} ({settings.eval.split}): final-episode win rate "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in finals.items()))
+    if live is not None:
+        live.end()
+    final = RunPaths.of(settings).root / "final.json"
+    io.write_json(final, {"checkpoint": checkpoint.path if checkpoint else None,
+                          "sha256": checkpoint.sha256 if checkpoint else None, "iterations": settings.train.iterations})
+    log.info(f"final checkpoint: {checkpoint.path if checkpoint else 'none (0 iterations)'}")
+    return {"checkpoint": checkpoint, "metrics": history[-1] if history else {}, "evaluations": evaluations}
+
+
+def live_metrics(settings):
+    """dvclive's logger of per-iteration metrics and plots (``paths.live``), or None."""
+    directory = settings.paths.get("live")
+    if not directory:
+        return None
+    from dvclive import Live
+
+    # The DVC pipeline declares these metrics and plots itself: no dvc.yaml edits, no extra experiments.
+    return Live(dir=str(directory), resume=False, save_dvc_exp=False, dvcyaml=None, report=None)

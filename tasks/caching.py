@@ -1,0 +1,158 @@
+"""Cache keys, result persistence and retries shared by the tasks.
+
+:class:`ArtifactCachePolicy` keys a task run on what determines its result:
+
+* the task's own source and the source of the whole ``mage`` package (any change to the
+  library's code invalidates every cached result: correct before clever);
+* the config sections the task reads (``config`` is always the composed config as a dict;
+  keys that only schedule work, such as ``train.iterations``, are left out so that
+  lengthening a run reuses its finished iterations);
+* every other input, with file references reduced to their content hash, so a new
+  checkpoint or table means a new key and a moved-but-equal one does not.
+
+A cached result is reused only while the files it references are intact: if one was
+deleted or changed, the policy probes the next key of a short sequence
+(``<key>``, ``<key>-1``, ...) and the task runs again under the first free one.
+
+Results are persisted as JSON (file references and small metrics), never as pickles.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect.cache_policies import TASK_SOURCE, CachePolicy
+
+import mage
+from tasks.refs import FileRef, references
+
+MAX_PROBES = 8
+#: Keys that say how much work to schedule, not what one task computes.
+SCHEDULE_KEYS = ("train.iterations", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "flow")
+
+
+@functools.cache
+def library_source_hash() -> str:
+    """SHA-256 over every Python file of the ``mage`` package (path and content)."""
+    root = Path(mage.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def select(config: dict[str, Any], dotted: str) -> Any:
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def drop(config: dict[str, Any], dotted: str) -> None:
+    *parents, last = dotted.split(".")
+    node: Any = config
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(last, None)
+
+
+def normalise(value: Any) -> Any:
+    """A JSON-able stand-in for an input: file references become their content hash."""
+    if isinstance(value, FileRef):
+        return {"kind": value.kind, "sha256": value.sha256}
+    if isinstance(value, dict):
+        return {str(k): normalise(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [normalise(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return normalise(value.model_dump())
+    return value
+
+
+@dataclass
+class ArtifactCachePolicy(CachePolicy):
+    """See the module docstring. ``sections`` are dotted config paths the task reads."""
+
+    sections: Sequence[str] = ()
+    ignore: Sequence[str] = field(default_factory=lambda: SCHEDULE_KEYS)
+
+    def config_part(self, config: dict[str, Any]) -> dict[str, Any]:
+        import copy
+
+        chosen = {name: copy.deepcopy(select(config, name)) for name in self.sections}
+        for dotted in self.ignore:
+            drop(chosen, dotted)
+        return chosen
+
+    def base_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any]) -> str:
+        payload = {
+            "task": TASK_SOURCE.compute_key(task_ctx, inputs, flow_parameters),
+            "library": library_source_hash(),
+            "config": self.config_part(inputs.get("config") or {}),
+            "inputs": normalise({k: v for k, v in inputs.items() if k != "config"}),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any) -> str | None:
+        base = self.base_key(task_ctx, inputs, flow_parameters)
+        store = getattr(task_ctx, "result_store", None)
+        if store is None:
+            return base
+        for attempt in range(MAX_PROBES):
+            key = base if attempt == 0 else f"{base}-{attempt}"
+            if not store.exists(key):
+                return key  # free: the task runs and its result is stored here
+            try:
+                result = store.read(key).result
+            except Exception:  # unreadable record: treat it as stale
+                continue
+            if all(ref.is_valid() for ref in references(result)):
+                return key  # a cached result whose files are intact
+        return None  # every probe is stale: run without caching
+
+
+def is_transient(exception: BaseException | None) -> bool:
+    """Failures worth retrying: I/O and network errors, timeouts, CUDA hiccups. Configuration
+    and programming errors (ValueError, TypeError, KeyError, ...) fail at once."""
+    if exception is None:
+        return False
+    if isinstance(exception, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False  # a missing input (a stale reference included) stays missing
+    if isinstance(exception, OSError):  # TimeoutError and ConnectionError included
+        return True
+    name = type(exception).__name__
+    return name == "OutOfMemoryError" or (isinstance(exception, RuntimeError) and "CUDA" in str(exception))
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect ``retry_condition_fn``: retry only transient failures."""
+    try:
+        exception = state.result(raise_on_failure=False)
+    except Exception as error:  # the state could not be read: be conservative and retry
+        exception = error
+    return is_transient(exception if isinstance(exception, BaseException) else None)
+
+
+def backoff(first_delay: float, retries: int) -> list[float]:
+    """Exponential backoff: ``first_delay``, twice that, four times, ..."""
+    return [first_delay * 2**attempt for attempt in range(retries)]
+
+
+#: Options every task of the pipeline shares (retries are set per flow from ``params/flow``).
+TASK_DEFAULTS: dict[str, Any] = {
+    "persist_result": True,
+    "result_serializer": "json",
+    "retries": 2,
+    "retry_delay_seconds": backoff(2.0, 2),
+    "retry_condition_fn": retry_transient,
+}

@@ -1,0 +1,197 @@
+"""The flows under Prefect's test harness: results, caching, stale references, retries, config errors.
+
+Every flow runs for real (a temporary Prefect server, the real tasks, a small random model);
+task states are read back from the Prefect API.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentTaskRunId
+from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
+from safetensors.torch import load_file
+
+import tasks.pipeline
+from flows import evaluate, nightly_evaluation, train
+from mage.settings import SettingsError, load_settings
+from mage.train import checkpoint as ckpt
+from mage.train.loop import RunPaths
+from mage.train.loop import train as library_train
+from tasks import state as memory
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture(autouse=True)
+def fresh_memory():
+    memory.forget()
+    yield
+    memory.forget()
+
+
+def overrides(model_dir: Path, artifacts: Path, *extra: str) -> list[str]:
+    return [
+        f"model.path={model_dir}", "model.build=null", "train.iterations=2", "train.learning_rate=1e-3",
+        "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
+        "engine.sampling.max_new_tokens=6", "eval.groups_per_opponent=2", "eval.sampling.max_new_tokens=6",
+        f"paths.artifacts={artifacts}", "flow.retry_delay_seconds=0.05", *extra,
+    ]
+
+
+def task_runs(state) -> dict[str, object]:
+    """Task runs of a flow run (and of its sub-flow runs), by task run name."""
+    flow_run_id = state.state_details.flow_run_id
+    def of(client, run_id):
+        return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])),
+                                     sort=TaskRunSort.EXPECTED_START_TIME_ASC, limit=200)
+
+    with get_client(sync_client=True) as client:
+        runs = of(client, flow_run_id)
+        found = {run.name: run for run in runs}
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(any_=[r.id for r in runs])),
+            sort=FlowRunSort.START_TIME_ASC, limit=100,
+        ) if runs else []
+        for child in children:
+            found |= {run.name: run for run in of(client, child.id)}
+    return found
+
+
+def state_names(state) -> dict[str, str]:
+    return {name: run.state.name for name, run in task_runs(state).items()}
+
+
+def final_weights(settings) -> dict[str, torch.Tensor]:
+    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    return load_file(latest.path / "model.safetensors")
+
+
+def test_train_flow_gives_the_library_s_weights(tiny_model_dir, tmp_path):
+    state = train(overrides(tiny_model_dir, tmp_path / "flow"), return_state=True)
+    assert state.is_completed()
+    result = state.result()
+    assert Path(result["checkpoint"].path).name == "ckpt-00002"
+
+    direct = load_settings(overrides(tiny_model_dir, tmp_path / "direct"))
+    library_train(direct, progress=False)
+    flowed = load_settings(overrides(tiny_model_dir, tmp_path / "flow"))
+    a, b = final_weights(flowed), final_weights(direct)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    table_a = pl.read_parquet(RunPaths.of(flowed).rollout(2))
+    table_b = pl.read_parquet(RunPaths.of(direct).rollout(2))
+    assert table_a.equals(table_b)
+    # The metrics file has one line per iteration, as the library writes it.
+    lines = [json.loads(line) for line in RunPaths.of(flowed).metrics.read_text().splitlines()]
+    assert [m["iteration"] for m in lines] == [1, 2] and all("train/kl" in m for m in lines)
+
+
+def test_a_second_run_hits_the_cache_and_a_longer_run_reuses_finished_iterations(tiny_model_dir, tmp_path):
+    args = overrides(tiny_model_dir, tmp_path)
+    first = state_names(train(args, return_state=True))
+    steps = {"rollout-1-shard-0", "score-1", "update-1", "rollout-2-shard-0", "score-2", "update-2"}
+    assert {first[name] for name in steps} == {"Completed"}
+    assert "prepare-model" in first  # (cached already if an earlier test used the same model)
+
+    second = state_names(train(args, return_state=True))
+    assert set(second.values()) == {"Cached"}, second
+
+    longer = state_names(train([*args, "train.iterations=3"], return_state=True))
+    assert {longer[f"{step}-{i}"] for step in ("score", "update") for i in (1, 2)} == {"Cached"}
+    assert longer["rollout-3-shard-0"] == longer["score-3"] == longer["update-3"] == "Completed"
+
+
+def test_a_result_whose_file_is_gone_is_computed_again(tiny_model_dir, tmp_path):
+    args = overrides(tiny_model_dir, tmp_path)
+    train(args)
+    settings = load_settings(args)
+    shard = RunPaths.of(settings).rollout_shard(2, 0)
+    shard.unlink()
+    again = state_names(train(args, return_state=True))
+    assert again["rollout-2-shard-0"] == "Completed"  # its file was gone: it ran again
+    assert shard.is_file()
+    assert again["rollout-1-shard-0"] == again["score-1"] == again["update-1"] == "Cached"
+
+
+def test_a_transient_failure_is_retried_and_the_flow_completes(tiny_model_dir, tmp_path, monkeypatch):
+    real = tasks.pipeline.score_iteration
+    calls = {"n": 0}
+
+    def flaky(settings, table):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("simulated I/O hiccup")
+        return real(settings, table)
+
+    monkeypatch.setattr(tasks.pipeline, "score_iteration", flaky)
+    state = train(overrides(tiny_model_dir, tmp_path, "train.iterations=1"), return_state=True)
+    assert state.is_completed()
+    runs = task_runs(state)
+    assert runs["score-1"].run_count == 2 and runs["score-1"].state.name == "Completed"
+
+
+def test_a_programming_error_is_not_retried(tiny_model_dir, tmp_path, monkeypatch):
+    def broken(settings, table):
+        raise ValueError("a bug, not a hiccup")
+
+    monkeypatch.setattr(tasks.pipeline, "score_iteration", broken)
+    state = train(overrides(tiny_model_dir, tmp_path, "train.iterations=1"), return_state=True)
+    assert state.is_failed()
+    assert task_runs(state)["score-1"].run_count == 1
+
+
+def test_a_wrong_key_stops_the_flow_before_any_work(tiny_model_dir, tmp_path):
+    state = train(overrides(tiny_model_dir, tmp_path, "+train.learning_rat=1e-3"), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(SettingsError, match="learning_rat.*allowed keys.*learning_rate"):
+        state.result()
+    assert task_runs(state) == {}
+    state = train(overrides(tiny_model_dir, tmp_path, "engine.context_mode=everything"), return_state=True)
+    with pytest.raises(SettingsError, match="context_mode.*reflection_only"):
+        state.result()
+
+
+def test_shards_fan_out_through_a_process_pool(tiny_model_dir, tmp_path):
+    args = overrides(tiny_model_dir, tmp_path, "train.iterations=1", "engine.groups=4",
+                     "flow.runner=process", "flow.rollout_shards=2")
+    state = train(args, return_state=True)
+    assert state.is_completed()
+    names = state_names(state)
+    assert names["rollout-1-shard-0"] == names["rollout-1-shard-1"] == "Completed"
+    table = pl.read_parquet(RunPaths.of(load_settings(args)).rollout(1))
+    assert sorted(table["group_id"].unique().to_list()) == [0, 1, 2, 3]  # every group, from both shards
+
+
+def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path):
+    args = overrides(tiny_model_dir, tmp_path)
+    train(args)
+    result = evaluate(args, split="all")
+    report = json.loads(Path(result["files"]["report"].path).read_text())
+    assert set(report["splits"]) == {"train", "held_out"}
+    assert report["about"]["checkpoint"].endswith("ckpt-00002")
+    held_out = {o["opponent"] for o in report["splits"]["held_out"]["opponents"]} - {"all"}
+    assert held_out == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
+    assert Path(result["files"]["success_by_episode"].path).stat().st_size > 0
+
+    nightly = nightly_evaluation(args)
+    directory = Path(nightly["directory"])
+    assert directory.parent == Path(load_settings(args).paths["nightly"])
+    assert (directory / "report.md").is_file() and (directory / "held_out.parquet").is_file()
+    assert json.loads((directory / "report.json").read_text())["about"]["checkpoint"].endswith("ckpt-00002")
+
+
+def test_deployments_serve_every_flow_with_a_nightly_schedule(tiny_model_dir, tmp_path):
+    from flows.deploy import deployments
+
+    args = overrides(tiny_model_dir, tmp_path, "flow.timezone=Europe/Paris")
+    built = {d.name: d for d in deployments(load_settings(args), args)}
+    assert set(built) == {"seed_population", "train", "evaluate", "pipeline", "nightly_evaluation"}
+    assert all(d.parameters == {"overrides": args} for d in built.values())
+    (schedule,) = built["nightly_evaluation"].schedules
+    assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Europe/Paris"
+    assert not built["train"].schedules

@@ -1,0 +1,87 @@
+"""End to end: a Prefect server, the served deployments, and a `pipeline` run started from the UI.
+
+A real ``prefect server`` on 127.0.0.1 and ``python -m flows.deploy`` run as subprocesses (as a
+researcher runs them); headless Chromium (Debian's, driven by Playwright) opens the UI, starts
+the ``pipeline`` deployment with *Run > Quick run*, follows the run to its page and waits until
+the UI shows it Completed. The screenshot is kept in ``$MAGE_SCREENSHOT_DIR`` (default
+``artifacts/screenshots``). Both processes are stopped by the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import get_json, start_process, stop_process, wait_for
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+REPO = Path(__file__).resolve().parent.parent
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("MAGE_REQUIRE_BROWSER") == "1":  # CI: scripts/setup.sh installs it
+        raise RuntimeError(f"Chromium not found at {CHROMIUM}; scripts/setup.sh installs Debian's chromium")
+    pytest.skip("Debian's chromium is not installed (scripts/setup.sh installs it)", allow_module_level=True)
+
+
+@pytest.fixture
+def served(tmp_path, tiny_model_dir, prefect_server):
+    """The deployments (tiny, one iteration) served to a Prefect server, stopped afterwards."""
+    env, api = prefect_server["env"], prefect_server["api"]
+    overrides = [
+        f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=1", "engine.groups=2",
+        "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=6",
+        "eval.groups_per_opponent=1", "eval.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path / 'artifacts'}",
+    ]
+    deploy = start_process([sys.executable, "-m", "flows.deploy", *overrides], env, tmp_path / "deploy.log", cwd=REPO)
+    try:
+        names = lambda: {d["name"] for d in get_json(f"{api}/deployments/filter", {"limit": 50})}  # noqa: E731
+        wait_for(lambda: {"pipeline", "nightly_evaluation"} <= names(), 120, "the deployments", deploy, tmp_path / "deploy.log")
+        yield {"ui": prefect_server["ui"], "api": api, "log": tmp_path / "deploy.log"}
+    finally:
+        stop_process(deploy)
+
+
+def test_pipeline_started_from_the_ui_completes(served):
+    from playwright.sync_api import sync_playwright
+
+    screenshots = Path(os.environ.get("MAGE_SCREENSHOT_DIR", REPO / "artifacts" / "screenshots"))
+    screenshots.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{served['ui']}/deployments", wait_until="networkidle")
+            page.get_by_role("link", name="pipeline", exact=True).first.click()
+            page.wait_for_url("**/deployments/deployment/**")
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text("Quick run").click()
+            # The toast that confirms the run slides in (and its content overlaps its own button
+            # while it moves): dispatch the click to the button itself.
+            view = page.locator("button.toast-flow-run-create__button").first
+            view.wait_for(state="visible")
+            view.dispatch_event("click")
+            page.wait_for_url("**/runs/flow-run/**")
+            run_id = page.url.rstrip("/").split("/")[-1].split("?")[0]
+
+            def finished() -> str | None:
+                state = get_json(f"{served['api']}/flow_runs/{run_id}")["state"]["type"]
+                return state if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+            runs = get_json(f"{served['api']}/flow_runs/filter", {"limit": 10})
+            assert [r["id"] for r in runs if r["parent_task_run_id"] is None] == [run_id]  # one run, from the click
+            final = wait_for(finished, 420, "the pipeline run", log=served["log"])
+            assert final == "COMPLETED", served["log"].read_text()[-4000:]
+            page.reload(wait_until="networkidle")
+            page.get_by_text("Completed").first.wait_for(timeout=30_000)  # what the researcher sees
+            page.screenshot(path=str(screenshots / "pipeline-run-completed.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (screenshots / "pipeline-run-completed.png").stat().st_size > 10_000
