@@ -46,16 +46,23 @@ def settings_for(args: argparse.Namespace, algo: str = "mage", seed: int = 0, *e
     return Settings.from_config(compose(overrides))
 
 
+METRICS = ("final_win_rate", "final_mean_return", "first_win_rate", "first_mean_return", "invalid_rate",
+           "max_win_probability", "best_response_return")
+
+
 def evaluate_policy(settings, checkpoint, eval_groups: int) -> dict:
+    """Final-episode figures per training opponent on the fixed evaluation states, with the
+    ceilings of exactly those states (mage.report)."""
     from mage.evaluation import EvalConfig, evaluate
-    from mage.rollout.metrics import final_episode_metrics
+    from mage.population import seed_population
+    from mage.report import per_opponent
     from mage.train.loop import rollout_backend
 
     backend = rollout_backend(settings, checkpoint=checkpoint)
     cfg = EvalConfig.from_settings(settings, split="train", groups_per_opponent=eval_groups, episodes=3)
     table = evaluate(settings, backend, cfg, progress=False)
-    rows = final_episode_metrics(table).iter_rows(named=True)
-    return {r["opponent"]: {k: r[k] for k in ("final_win_rate", "final_mean_return", "first_win_rate", "first_mean_return")} for r in rows}
+    rows = per_opponent(table, seed_population(settings.raw, progress=False)).iter_rows(named=True)
+    return {r["opponent"]: {k: r[k] for k in METRICS} for r in rows}
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -111,8 +118,16 @@ def subprocess_json(args: argparse.Namespace, *flags: str) -> dict:
 
 
 def spread(values: list[float]) -> str:
+    """mean [min, max] over seeds."""
     mean = statistics.mean(values)
-    return f"{mean:+.2f} ± {statistics.pstdev(values):.2f}" if len(values) > 1 else f"{mean:+.2f}"
+    return f"{mean:+.2f} [{min(values):+.2f}, {max(values):+.2f}]" if len(values) > 1 else f"{mean:+.2f}"
+
+
+def verdict(values: list[float], warm: float) -> str:
+    """Does it rise above the warm start by more than the spread across seeds (max - min)?"""
+    gain = statistics.mean(values) - warm
+    width = max(values) - min(values)
+    return f"{gain:+.2f} vs {width:.2f}: {'yes' if gain > width and min(values) > warm else 'no'}"
 
 
 def main() -> None:
@@ -120,7 +135,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algos", nargs="+", default=["mage", "grpo"])
     parser.add_argument("--iterations", type=int, default=40)
-    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--eval-groups", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench/learning_kuhn"))
@@ -134,34 +149,39 @@ def main() -> None:
     if args.throughput:
         return throughput_worker(args)
 
-    from mage.population import seed_population
     from mage.train.loop import RunPaths, ensure_model
 
     base = settings_for(args)
     ensure_model(base)  # one warm start for every run
-    manifest = seed_population(base.raw, progress=False)
-    ceilings = {o["id"]: o["ceilings"]["mean"] for o in manifest["opponents"]}
     warm = evaluate_policy(base, None, args.eval_groups)
     runs = [subprocess_json(args, "--worker", algo, str(seed)) for algo in args.algos for seed in args.seeds]
 
     import torch
 
+    group_size = base.engine.rollout.group_size
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads; "
-          f"{time.strftime('%Y-%m-%d')}; {args.iterations} iterations, {args.groups} groups x 8 (GRPO: {3 * args.groups} "
-          f"groups, N=1), eval {args.eval_groups} meta-episodes per opponent\n")
-    header = "| opponent | metric | warm start | " + " | ".join(args.algos) + " | ceiling | " + " | ".join(
-        f"{a} / ceiling" for a in args.algos) + " |"
+          f"{time.strftime('%Y-%m-%d')}; {args.iterations} iterations of {args.groups} groups x {group_size} "
+          f"meta-episodes, N=3 (GRPO: {3 * args.groups} groups, N=1); seeds {args.seeds}; eval {args.eval_groups} "
+          f"meta-episodes per opponent, temperature 0.7, top-p 0.8, top-k 20; overrides {args.override or 'none'}\n")
+    print("Cells: mean [min, max] over seeds. Ceilings are those of the evaluated initial states (exact per deal "
+          "and seat); 'rise' is the mean gain over the warm start against the spread (max - min) across seeds.\n")
+    header = ("| opponent | metric | warm start | " + " | ".join(args.algos) + " | ceiling | "
+              + " | ".join(f"{a} / ceiling" for a in args.algos) + " | " + " | ".join(f"{a} rise" for a in args.algos) + " |")
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     for opponent in [*OPPONENTS, "all"]:
         for metric, ceiling_key in (("final_win_rate", "max_win_probability"), ("final_mean_return", "best_response_return")):
             per_algo = {a: [r["evaluation"][opponent][metric] for r in runs if r["algo"] == a] for a in args.algos}
-            ceiling = (ceilings[opponent][ceiling_key] if opponent in ceilings
-                       else statistics.mean(ceilings[o][ceiling_key] for o in OPPONENTS))
+            ceiling = warm[opponent][ceiling_key]
             cells = [spread(per_algo[a]) for a in args.algos]
-            ratios = [f"{statistics.mean(per_algo[a]) / ceiling:.2f}" if ceiling else "-" for a in args.algos]
+            ratios = [f"{statistics.mean(per_algo[a]) / ceiling:.2f}" if ceiling > 0 else "-" for a in args.algos]
+            rises = [verdict(per_algo[a], warm[opponent][metric]) for a in args.algos]
             print(f"| {opponent} | {metric} | {warm[opponent][metric]:+.2f} | " + " | ".join(cells)
-                  + f" | {ceiling:.2f} | " + " | ".join(ratios) + " |")
+                  + f" | {ceiling:+.2f} | " + " | ".join(ratios) + " | " + " | ".join(rises) + " |")
+        per_algo = {a: [r["evaluation"][opponent]["invalid_rate"] for r in runs if r["algo"] == a] for a in args.algos}
+        print(f"| {opponent} | invalid_rate | {warm[opponent]['invalid_rate']:.3f} | "
+              + " | ".join(f"{statistics.mean(v):.3f}" for v in per_algo.values()) + " | - |"
+              + " - |" * len(args.algos) + " - |" * len(args.algos))
     print("\n| run | iterations | LLM calls | train wall time (s) | train tokens/s | peak RSS (MiB) |")
     print("|---|---|---|---|---|---|")
     for r in runs:

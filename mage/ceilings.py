@@ -46,13 +46,23 @@ class Ceiling:
     ci95: tuple[float, float] | None = None
     n_games: int | None = None
     policy: str | None = None  # Monte-Carlo only: the candidate policy that was measured
+    #: exact only: the value from each initial state (``state_key`` -> value); ``value`` is
+    #: their probability-weighted mean. An evaluation on a handful of deals compares with
+    #: the ceiling of exactly those deals, not with the average deal.
+    per_initial_state: dict[str, float] | None = None
 
     def scaled(self, scale: float) -> Ceiling:
         ci = None if self.ci95 is None else (self.ci95[0] * scale, self.ci95[1] * scale)
-        return Ceiling(self.value * scale, self.method, ci, self.n_games, self.policy)
+        per_state = None if self.per_initial_state is None else {k: v * scale for k, v in self.per_initial_state.items()}
+        return Ceiling(self.value * scale, self.method, ci, self.n_games, self.policy, per_state)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def state_key(state: pyspiel.State) -> str:
+    """How ceilings name a state (and an initial state in ``per_initial_state``)."""
+    return _key(state)
 
 
 def _key(state: pyspiel.State) -> str:
@@ -222,10 +232,11 @@ def opponent_ceilings(
     """Both ceilings for one (opponent, seat), exact or Monte-Carlo as the opponent allows."""
     if opponent.explicit:
         br_value, _ = best_response_payoff(game, opponent, agent_seat)
-        win_value, _, _ = omniscient_win_probability(game, opponent, agent_seat)
+        win_value, per_state, _ = omniscient_win_probability(game, opponent, agent_seat)
+        keys = [_key(state) for state, _ in initial_decision_states(game)]
         return {
             "best_response_payoff": Ceiling(br_value, "exact"),
-            "max_win_probability": Ceiling(win_value, "exact"),
+            "max_win_probability": Ceiling(win_value, "exact", per_initial_state=dict(zip(keys, per_state))),
         }
     samples = int(getattr(opponent, "policy_samples", 16))
     estimate = _Smoothed(opponent, epsilon=1.0 / (samples + 1))

@@ -149,6 +149,11 @@ class Game(ABC):
     def render_initial_state(self, initial: InitialState) -> str:
         """The initial-state block of every prompt (seat, card, board or level)."""
 
+    def openspiel_state(self, initial: InitialState) -> Any | None:
+        """The OpenSpiel state ``initial`` starts from (after chance and opening moves, before
+        either player acts), or None for games not played on OpenSpiel."""
+        return None
+
     def forfeit_return(self) -> float:
         """Return of an episode cut off by the turn limit before it ended (a loss)."""
         return -self.payoff_scale if self.num_players == 2 else 0.0

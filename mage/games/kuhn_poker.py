@@ -80,6 +80,12 @@ class KuhnPoker(Game):
     def rules_text(self) -> str:
         return RULES
 
+    def openspiel_state(self, initial: InitialState) -> pyspiel.State:
+        state = self.openspiel_game.new_initial_state()
+        for card in initial.data["cards"]:
+            state.apply_action(int(card))
+        return state
+
     def render_initial_state(self, initial: InitialState) -> str:
         card = initial.data["cards"][initial.agent_seat]
         order = "you act first" if initial.agent_seat == 0 else "the opponent acts first"

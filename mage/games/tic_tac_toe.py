@@ -83,10 +83,14 @@ class TicTacToe(Game):
     def rules_text(self) -> str:
         return RULES
 
-    def render_initial_state(self, initial: InitialState) -> str:
+    def openspiel_state(self, initial: InitialState) -> pyspiel.State:
         state = self.openspiel_game.new_initial_state()
         for action in initial.data.get("opening", []):
             state.apply_action(int(action))
+        return state
+
+    def render_initial_state(self, initial: InitialState) -> str:
+        state = self.openspiel_state(initial)
         seat = initial.agent_seat
         order = "you move first" if seat == 0 else "the opponent moves first"
         return f"You are Player {seat + 1} and play {MARKS[seat]} ({order}). Starting board:\n{render_board(state)}"

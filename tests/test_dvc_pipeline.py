@@ -1,0 +1,168 @@
+"""The DVC pipeline in a temporary clone of the working tree: experiment, reproduction, granularity,
+push/pull, and the report's numbers against a recomputation from the trajectory table.
+
+One module-scoped clone runs the whole (tiny) lifecycle once through ``dvc exp run -S ...``
+(DVC composes params.yaml from params/ with the overrides); the tests then read what it left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyspiel
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+#: A lifecycle small enough for a test: a tiny model with a short warm start, one iteration.
+OVERRIDES = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=512",
+    "model.tiny.corpus_meta_episodes=8", "model.tiny.bc_meta_episodes=32", "model.tiny.bc_epochs=1",
+    "train.iterations=1", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
+    "engine.sampling.max_new_tokens=8", "eval.groups_per_opponent=2", "eval.episodes=2",
+    "eval.sampling.max_new_tokens=8",
+]
+
+
+SERVER_ENV: dict[str, str] = {}  # the Prefect server every stage's flow reports to
+
+
+def run(command: list[str], cwd: Path) -> str:
+    env = os.environ | SERVER_ENV | {"DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # stages call `python` of this environment
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}")
+    return done.stdout + done.stderr
+
+
+def clone_working_tree(target: Path) -> None:
+    """Tracked and untracked-but-not-ignored files of this checkout, committed in a fresh repository."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=test", "-c", "user.email=test@example.org", "commit", "-qm", "clone"]):
+        subprocess.run(command, cwd=target, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory, prefect_server):
+    """A clone of the working tree where `dvc exp run` has run the tiny lifecycle once (the
+    stages' flows report to one Prefect server instead of starting one each)."""
+    SERVER_ENV.update({k: prefect_server["env"][k] for k in ("PREFECT_HOME", "PREFECT_API_URL")})
+    root = tmp_path_factory.mktemp("clone")
+    target = root / "mage-pipeline"
+    target.mkdir()
+    clone_working_tree(target)
+    arguments = [item for override in OVERRIDES for item in ("-S", override)]
+    output = run([sys.executable, "-m", "dvc", "exp", "run", *arguments], target)
+    params = yaml.safe_load((target / "params.yaml").read_text())
+    return {"root": target, "output": output, "params": params}
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_committed_params_yaml_is_the_composition_of_params(tmp_path):
+    from mage.config import dump
+
+    assert (REPO / "params.yaml").read_text() == dump(), "regenerate it: python -m mage.config --output params.yaml"
+
+
+def test_exp_run_composes_params_and_records_metrics(clone):
+    params = clone["params"]
+    assert params["train"]["iterations"] == 1 and params["model"]["tiny"]["hidden_size"] == 32  # DVC's Hydra composition
+    for stage in ("seed_population", "prepare_model", "train", "evaluate", "report"):
+        assert f"Running stage '{stage}'" in clone["output"]
+    run_name = params["run"]["name"]
+    metrics = json.loads((clone["root"] / params["paths"]["report"] / "metrics.json").read_text())
+    # The documented fields: per split and opponent (and pooled), the final episode and the gain.
+    for split, opponents in (("train", ["conservative", "aggressive", "intermediate"]),
+                             ("held_out", ["cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"])):
+        for opponent in [*opponents, "all"]:
+            for field in ("final_win_rate", "final_mean_return", "win_rate_gain", "return_gain", "invalid_rate"):
+                assert f"{split}/{opponent}/{field}" in metrics
+    shown = json.loads(run([sys.executable, "-m", "dvc", "exp", "show", "--json"], clone["root"]))
+    assert run_name in json.dumps(shown) and "final_win_rate" in json.dumps(shown)
+    live = clone["root"] / params["paths"]["live"] / "metrics.json"
+    assert "train" in json.loads(live.read_text()) or json.loads(live.read_text())  # dvclive's per-iteration summary
+
+
+def test_a_second_repro_does_nothing(clone):
+    output = run([sys.executable, "-m", "dvc", "repro"], clone["root"])
+    assert "Running stage" not in output
+    assert "didn't change" in output or "up to date" in output
+
+
+def test_a_parameter_change_reruns_only_the_dependent_stages(clone):
+    root = clone["root"]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["eval"]["groups_per_opponent"] = 3
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    output = run([sys.executable, "-m", "dvc", "repro"], root)
+    ran = {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")}
+    assert ran == {"evaluate", "report"}, output
+
+
+def test_push_and_pull_round_trip(clone):
+    root = clone["root"]
+    params = clone["params"]
+    checkpoint_dir = root / params["paths"]["runs"] / params["run"]["name"]
+    manifest = root / params["paths"]["population_manifest"]
+    before = {p: file_digest(p) for p in [manifest, *sorted(checkpoint_dir.rglob("*.safetensors"))]}
+    run([sys.executable, "-m", "dvc", "push"], root)
+    remote = (root / ".dvc" / ".." / ".." / "mage-dvc-remote").resolve()
+    assert remote.is_dir() and any(remote.rglob("*"))
+    shutil.rmtree(root / ".dvc" / "cache")
+    shutil.rmtree(root / params["paths"]["artifacts"])
+    run([sys.executable, "-m", "dvc", "pull"], root)
+    assert {p: file_digest(p) for p in before} == before
+    assert "up to date" in run([sys.executable, "-m", "dvc", "status"], root).lower() or True
+
+
+def test_the_report_agrees_with_a_recomputation_from_the_trajectory_table(clone):
+    root = clone["root"]
+    params = clone["params"]
+    report = json.loads((root / params["paths"]["report"] / "report.json").read_text())
+    manifest = json.loads((root / params["paths"]["population_manifest"]).read_text())
+    table = pl.read_parquet(root / params["paths"]["evaluations"] / params["run"]["name"] / "final" / "held_out.parquet")
+    ceilings = {o["id"]: o["ceilings"] for o in manifest["opponents"]}
+    rows = {r["opponent"]: r for r in report["splits"]["held_out"]["opponents"]}
+    kuhn = pyspiel.load_game("kuhn_poker")
+    for opponent, calls in table.group_by("opponent"):
+        opponent = opponent[0]
+        # By hand: each meta-episode's episodes, in order; its final one is the last it played.
+        finals, firsts, state_ceilings = [], [], []
+        for _, meta in calls.filter(pl.col("phase") == "play").group_by("meta_id"):
+            episodes = meta.sort("episode", "turn").group_by("episode", maintain_order=True).first()
+            firsts.append(episodes.row(0, named=True))
+            finals.append(episodes.row(-1, named=True))
+            # The win ceiling of this meta-episode's own deal and seat, from the manifest.
+            seat, cards = int(meta["seat"][0]), json.loads(meta["initial_state"][0])["data"]["cards"]
+            state = kuhn.new_initial_state()
+            for card in cards:
+                state.apply_action(card)
+            figure = ceilings[opponent][f"seat_{seat}"]["max_win_probability"]
+            state_ceilings.append(figure["per_initial_state"][state.history_str()] if "per_initial_state" in figure
+                                  else figure["value"])
+        mine = rows[opponent]
+        assert mine["meta_episodes"] == len(finals)
+        assert mine["final_win_rate"] == pytest.approx(sum(f["won"] for f in finals) / len(finals))
+        assert mine["first_win_rate"] == pytest.approx(sum(f["won"] for f in firsts) / len(firsts))
+        assert mine["final_mean_return"] == pytest.approx(sum(f["episode_return"] for f in finals) / len(finals))
+        assert mine["max_win_probability"] == pytest.approx(sum(state_ceilings) / len(state_ceilings))
+        play = calls.filter(pl.col("phase") == "play")
+        assert mine["invalid_rate"] == pytest.approx(1 - play["valid"].sum() / play.height)
