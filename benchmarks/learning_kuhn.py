@@ -134,7 +134,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algos", nargs="+", default=["mage", "grpo"])
-    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--eval-groups", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -178,10 +178,11 @@ def main() -> None:
             rises = [verdict(per_algo[a], warm[opponent][metric]) for a in args.algos]
             print(f"| {opponent} | {metric} | {warm[opponent][metric]:+.2f} | " + " | ".join(cells)
                   + f" | {ceiling:+.2f} | " + " | ".join(ratios) + " | " + " | ".join(rises) + " |")
-        per_algo = {a: [r["evaluation"][opponent]["invalid_rate"] for r in runs if r["algo"] == a] for a in args.algos}
-        print(f"| {opponent} | invalid_rate | {warm[opponent]['invalid_rate']:.3f} | "
-              + " | ".join(f"{statistics.mean(v):.3f}" for v in per_algo.values()) + " | - |"
-              + " - |" * len(args.algos) + " - |" * len(args.algos))
+        for metric in ("first_win_rate", "invalid_rate"):  # a policy that throws episode 1 shows here
+            per_algo = {a: [r["evaluation"][opponent][metric] for r in runs if r["algo"] == a] for a in args.algos}
+            print(f"| {opponent} | {metric} | {warm[opponent][metric]:.3f} | "
+                  + " | ".join(f"{statistics.mean(v):.3f}" for v in per_algo.values()) + " | - |"
+                  + " - |" * len(args.algos) + " - |" * len(args.algos))
     print("\n| run | iterations | LLM calls | train wall time (s) | train tokens/s | peak RSS (MiB) |")
     print("|---|---|---|---|---|---|")
     for r in runs:

@@ -36,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
         kwargs |= {"evaluation_dir": args.evaluation_dir, "out_dir": args.out_dir}
     elif args.checkpoint or args.split or args.out_dir or args.evaluation_dir or args.no_report:
         parser.error("--checkpoint, --split, --out-dir, --evaluation-dir and --no-report belong to evaluate or report")
+    from mage.settings import SettingsError, load_settings
+
+    try:  # a wrong key fails here, before a Prefect server or any work is started
+        load_settings(args.overrides, args.config_file)
+    except SettingsError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
     FLOWS[args.flow](**kwargs)
     return 0
 

@@ -126,8 +126,13 @@ def nightly_evaluation(overrides: list[str] | None = None, config_file: str | No
     newest = newest_checkpoint(root)
     if newest is None:
         logger().warning(f"no checkpoint under {root}: evaluating the base model")
-    scheduled = flow_run.scheduled_start_time
-    night = (scheduled or datetime.now().astimezone()).strftime("%Y-%m-%d")
+    from zoneinfo import ZoneInfo
+
+    from flows.deploy import local_timezone
+
+    zone = ZoneInfo(settings.flow.timezone or local_timezone())
+    scheduled = flow_run.scheduled_start_time  # the night it was scheduled for, in the schedule's zone
+    night = (scheduled or datetime.now(zone)).astimezone(zone).strftime("%Y-%m-%d")
     out_dir = Path(settings.paths.get("nightly", "artifacts/nightly")) / night
     ref = FileRef.of(newest.path, "checkpoint") if newest else None
     logger().info(f"nightly evaluation {night}: {ref.path if ref else 'base model'} -> {out_dir}")

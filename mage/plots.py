@@ -56,11 +56,18 @@ def plot_learning_curves(history: Sequence[Mapping[str, Any]], path: str | Path)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     for opponent in opponents:
         key = f"rollout/{opponent}/final_win_rate"
-        axes[0, 0].plot(iterations, [m.get(key) for m in history], label=opponent, linewidth=2.5 if opponent == "all" else 1.2)
+        values = [m.get(key) for m in history]
+        if opponent == "all":  # each iteration draws a few deals: the trend is in the moving average
+            axes[0, 0].plot(iterations, values, color="black", alpha=0.3, linewidth=1)
+            axes[0, 0].plot(iterations, moving_average(values), color="black", linewidth=2.5, label="all (moving average)")
+        else:
+            axes[0, 0].plot(iterations, values, label=opponent, linewidth=1, alpha=0.6)
     axes[0, 0].set_title("final-episode win rate (training rollouts)")
     axes[0, 0].legend(fontsize=7)
     for key, label in (("rollout/all/final_mean_return", "final episode"), ("rollout/all/first_mean_return", "first episode")):
-        axes[0, 1].plot(iterations, [m.get(key) for m in history], label=label)
+        values = [m.get(key) for m in history]
+        line, = axes[0, 1].plot(iterations, values, alpha=0.35, linewidth=1)
+        axes[0, 1].plot(iterations, moving_average(values), color=line.get_color(), linewidth=2, label=f"{label} (moving average)")
     axes[0, 1].set_title("mean return (all opponents)")
     axes[0, 1].legend(fontsize=7)
     axes[1, 0].plot(iterations, [m.get("rollout/invalid_rate") for m in history], color="tab:red")
@@ -74,6 +81,15 @@ def plot_learning_curves(history: Sequence[Mapping[str, Any]], path: str | Path)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def moving_average(values: Sequence[float | None], window: int = 5) -> list[float | None]:
+    """Trailing mean over the last ``window`` values (fewer at the start; None values skipped)."""
+    out: list[float | None] = []
+    for i in range(len(values)):
+        recent = [v for v in values[max(0, i - window + 1) : i + 1] if v is not None]
+        out.append(sum(recent) / len(recent) if recent else None)
+    return out
 
 
 def _save(fig: Any, path: str | Path) -> Path:

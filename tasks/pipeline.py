@@ -40,7 +40,6 @@ from mage.train.loop import (
     ensure_model,
     record_metrics,
     rollout_iteration,
-    rollout_metrics_of,
     score_iteration,
     summarise,
 )
@@ -162,7 +161,8 @@ def write_report(
     import json
 
     from mage.population import load_manifest
-    from mage.report import build_report, headline_metrics, write_report as write
+    from mage.report import build_report, headline_metrics
+    from mage.report import write_report as write
 
     settings = settings_of(config)
     about = {

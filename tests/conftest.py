@@ -16,7 +16,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest
+import pytest  # noqa: E402  (the environment above must be set before any import)
 
 
 def game_text_corpus() -> list[str]:

@@ -12,7 +12,13 @@ from mage.backends.scripted import ScriptedBackend
 from mage.config import compose
 from mage.games.kuhn_poker import BET, PASS
 from mage.population import PopulationEntry, population_entries
-from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes, read_trajectories, rollout_metrics, write_trajectories
+from mage.rollout import (
+    RolloutConfig,
+    RolloutEngine,
+    plan_meta_episodes,
+    read_trajectories,
+    write_trajectories,
+)
 from mage.rollout.engine import MetaEpisodeSpec
 from mage.rollout.prompts import PromptTooLongError
 from mage.rollout.schema import SchemaError
@@ -189,3 +195,20 @@ def test_table_round_trip_and_schema_check(tmp_path):
 def write_parquet(table, path):
     table.write_parquet(path)
     return path
+
+
+def test_evaluation_gives_every_opponent_its_groups_whatever_its_training_share():
+    # A training opponent evaluated alone (share 0.3 of the population) still gets all its
+    # groups: shares are relative to the entries being planned.
+    from mage.evaluation import evaluate
+    from mage.settings import load_settings
+
+    settings = load_settings(["eval.groups_per_opponent=6", "eval.episodes=1"])
+    cfg = settings.eval.__class__(**{**settings.eval.__dict__, "split": "all"})
+    table = evaluate(settings, ScriptedBackend("random", seed=0), cfg, progress=False)
+    metas = table.select("opponent", "meta_id", "seat").unique()
+    counts = dict(metas.group_by("opponent").len().iter_rows())
+    assert counts == {o: 6 for o in ("conservative", "aggressive", "intermediate", "cfr_greedy", "cfr_sampled",
+                                    "bluffer", "calling_station", "random")}
+    seats = dict(metas.group_by("seat").len().iter_rows())
+    assert seats == {0: 24, 1: 24}  # half of every opponent's groups seated second

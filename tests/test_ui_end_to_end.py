@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import get_json, start_process, stop_process, wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

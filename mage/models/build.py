@@ -82,8 +82,8 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
 def warm_start_check(model, tokenizer, game_name: str, seed: int, progress: bool, groups: int = 16) -> dict[str, float]:
     """How the warm start plays: its own rollouts (training sampling) against the training
     population, so the preset's description says how much room it leaves for RL."""
-    from mage.backends.hf import HFBackend
     from mage.backends.base import SamplingSettings
+    from mage.backends.hf import HFBackend
     from mage.config import compose
     from mage.population import population_entries
     from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes

@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 
-import numpy as np
 import pyspiel
 from open_spiel.python.algorithms import minimax_solver
 

@@ -28,7 +28,7 @@ import polars as pl
 from tqdm.auto import tqdm
 
 from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
-from mage.games import Episode, Game, InitialState, Outcome
+from mage.games import Episode, Game, Outcome
 from mage.population import PopulationEntry
 from mage.protocol import parse_action, parse_remark
 from mage.rollout import prompts
@@ -81,8 +81,10 @@ def derive_seed(*parts: int) -> int:
 
 
 def allocate_groups(shares: Sequence[float], num_groups: int, rng: np.random.Generator) -> list[int]:
-    """Groups per entry by largest remainder (stratified, unlike independent draws)."""
-    quotas = np.asarray(shares, dtype=float) * num_groups
+    """Groups per entry by largest remainder (stratified, unlike independent draws). Shares are
+    relative: a subset of a population (one opponent, in evaluation) gets all the groups."""
+    weights = np.asarray(shares, dtype=float)
+    quotas = weights / weights.sum() * num_groups
     counts = np.floor(quotas).astype(int)
     remainders = quotas - counts
     order = np.lexsort((rng.random(len(shares)), -remainders))  # ties broken at random
