@@ -46,6 +46,27 @@ def test_left_padding_does_not_change_greedy_output(tiny_model_dir):
     assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
+def test_micro_batches_hold_one_phase_and_answers_keep_request_order(tiny_model_dir):
+    backend = HFBackend(tiny_model_dir, batch_size=2)
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=6)
+    requests = [GenerationRequest(f"Your card: {card}.", phase=phase)
+                for card, phase in [("Jack", "play"), ("Queen", "reflect"), ("King", "play"), ("Ace", "reflect"), ("Ten", "play")]]
+    seen: list[list[int]] = []
+    generate_batch = backend._generate_batch
+
+    def spy(prompt_ids, sampling):
+        seen.append([ids for ids in prompt_ids])
+        return generate_batch(prompt_ids, sampling)
+
+    backend._generate_batch = spy
+    answers = backend.generate(requests, greedy)
+    phase_of = {tuple(backend.encode([r.prompt])[0]): r.phase for r in requests}
+    assert sorted(len(batch) for batch in seen) == [1, 2, 2]  # 3 play rows -> 2 + 1, 2 reflect rows -> 2
+    assert all(len({phase_of[tuple(ids)] for ids in batch}) == 1 for batch in seen)
+    for request, answer in zip(requests, answers):  # each answer is its own request's
+        assert answer.token_ids == HFBackend(tiny_model_dir).generate([request], greedy)[0].token_ids
+
+
 def test_shared_prefill_is_exact(tiny_model_dir):
     """Shared-prefix and duplicate-prompt prefill gives the plain path's tokens and log-probs."""
     rules = "Game: Kuhn Poker, two players. The deck has three cards. " * 4

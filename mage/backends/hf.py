@@ -17,6 +17,8 @@ Two small hooks ride along ``generate``:
 
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -290,11 +292,17 @@ class HFBackend(Backend):
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         prompt_ids = self.encode([r.prompt for r in requests])
-        # Similar lengths share a micro-batch: little padding, fewer wasted FLOPs.
-        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+        # A micro-batch decodes until its longest reply stops, so replies of one phase go
+        # together (an action is a few tokens, a reflection dozens: mixed, every action row
+        # would wait out the reflections), and similar prompt lengths share a micro-batch
+        # (little padding).
+        order = sorted(range(len(prompt_ids)), key=lambda i: (requests[i].phase, len(prompt_ids[i])))
+        chunks: list[list[int]] = []
+        for _, same_phase in itertools.groupby(order, key=lambda i: requests[i].phase):
+            rows = list(same_phase)
+            chunks += [rows[start : start + self.batch_size] for start in range(0, len(rows), self.batch_size)]
         results: list[Generation | None] = [None] * len(prompt_ids)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
+        for chunk in chunks:
             for index, generation in zip(chunk, self._generate_batch([prompt_ids[i] for i in chunk], sampling)):
                 results[index] = generation
         return results  # type: ignore[return-value]
