@@ -12,8 +12,10 @@ Output, per opponent and per episode k:
   the ceiling of its own deal and seat: sixteen deals are not the average deal. Otherwise
   (Monte-Carlo ceilings, Sokoban) the seat's ceiling is used;
 * ``pass_at_k_vs_ceiling`` = pass@k / max win probability and ``return_vs_ceiling`` =
-  mean return / best-response return (null where that ceiling is not positive: a ratio to
-  zero or to a loss says nothing);
+  mean return / best-response return (null where that ceiling is below
+  ``MIN_RETURN_CEILING``: a ratio to a loss, to zero or to nearly zero says nothing; against
+  an equilibrium opponent a best response earns only the game's value, 0 over both Kuhn
+  seats);
 * ``invalid_rate`` of the play calls.
 
 Per opponent, the exploration-exploitation gain: final (last played) episode against the
@@ -107,8 +109,11 @@ def _played_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.Dat
     return pl.concat([per_opponent, pooled])
 
 
-def _ratio(value: str, ceiling: str) -> pl.Expr:
-    return pl.when(pl.col(ceiling) > 1e-9).then(pl.col(value) / pl.col(ceiling)).otherwise(None)
+MIN_RETURN_CEILING = 0.1  # return units (episode returns are +-5..10): below it a ratio only amplifies noise
+
+
+def _ratio(value: str, ceiling: str, floor: float = 1e-9) -> pl.Expr:
+    return pl.when(pl.col(ceiling) >= floor).then(pl.col(value) / pl.col(ceiling)).otherwise(None)
 
 
 def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
@@ -119,7 +124,7 @@ def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFram
         .join(ceilings, on="opponent", how="left")
         .with_columns(
             _ratio("pass_at_k", "max_win_probability").alias("pass_at_k_vs_ceiling"),
-            _ratio("mean_return", "best_response_return").alias("return_vs_ceiling"),
+            _ratio("mean_return", "best_response_return", MIN_RETURN_CEILING).alias("return_vs_ceiling"),
         )
         .sort(pl.col("opponent") == ALL, "split", "opponent", "episode")
     )
@@ -139,7 +144,7 @@ def per_opponent(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFra
         .join(invalid, on="opponent", how="left")
         .with_columns(
             _ratio("final_win_rate", "max_win_probability").alias("final_win_vs_ceiling"),
-            _ratio("final_mean_return", "best_response_return").alias("final_return_vs_ceiling"),
+            _ratio("final_mean_return", "best_response_return", MIN_RETURN_CEILING).alias("final_return_vs_ceiling"),
         )
         .sort(pl.col("opponent") == ALL, "split", "opponent")
     )

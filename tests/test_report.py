@@ -66,6 +66,7 @@ def test_per_opponent_summary_by_hand():
     assert a["max_win_probability"] == 1.0 and a["ceiling_method"] == "exact, per initial state"
     assert a["best_response_return"] == pytest.approx((1.0 + 2.0) / 2)
     assert a["final_win_vs_ceiling"] == 1.0
+    assert a["final_return_vs_ceiling"] == pytest.approx(7.5 / 1.5)
     assert a["invalid_rate"] == pytest.approx(1 / 6)  # six play calls (three per meta-episode), one invalid
     assert b["max_win_probability"] == 0.4 and b["final_win_vs_ceiling"] == 0.0
     assert b["final_return_vs_ceiling"] is None  # a ratio to a negative ceiling says nothing
@@ -84,6 +85,17 @@ def test_per_episode_table_by_hand():
     assert episodes[("A", 1)]["invalid_rate"] == pytest.approx(1 / 3)
     assert episodes[("A", 2)]["pass_at_k_vs_ceiling"] == 0.5
     assert episodes[("all", 3)]["pass_at_k"] == pytest.approx(2 / 3)
+
+
+def test_no_return_ratio_to_a_near_zero_ceiling():
+    # Against an equilibrium opponent a best response earns about the game's value (0 over both
+    # Kuhn seats): -10 / 0.01 = -1000 would say nothing, so the ratio is null below 0.1.
+    near_zero = {"opponents": [MANIFEST["opponents"][0], {"id": "B", "split": "train", "ceilings": {
+        "seat_0": seat(0.4, 0.01), "seat_1": seat(0.6, 0.01)}}]}
+    rows = {r["opponent"]: r for r in build_report({"train": TABLE}, near_zero, {})["splits"]["train"]["opponents"]}
+    assert rows["B"]["best_response_return"] == pytest.approx(0.01)
+    assert rows["B"]["final_return_vs_ceiling"] is None
+    assert rows["A"]["final_return_vs_ceiling"] == pytest.approx(5.0)
 
 
 def test_written_report_files(tmp_path):
