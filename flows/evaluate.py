@@ -24,7 +24,7 @@ SPLITS = {"all": ("train", "held_out"), "train": ("train",), "held_out": ("held_
 def newest_checkpoint(root: str | Path) -> ckpt.Checkpoint | None:
     """The most recently written complete checkpoint under ``root`` (any run, any depth)."""
     found = [
-        ckpt.Checkpoint(path, json.loads((path / ckpt.MANIFEST).read_text()))
+        ckpt.Checkpoint.at(path)
         for path in Path(root).rglob(f"{ckpt.PREFIX}*")
         if path.is_dir() and not path.name.startswith(".") and ckpt.is_complete(path)
     ]

@@ -38,10 +38,10 @@ from mage.train import checkpoint as ckpt
 from mage.train.loop import (
     RunPaths,
     ensure_model,
+    iteration_metrics,
     record_metrics,
     rollout_iteration,
     score_iteration,
-    summarise,
 )
 from tasks import state as memory
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
@@ -106,7 +106,7 @@ def train_iteration(
         state = memory.training_state(settings, checkpoint)
         try:
             update = state.update(scored, iteration)
-            metrics = {"iteration": iteration, **summarise(scored), **{f"train/{k}": v for k, v in update.items()}}
+            metrics = iteration_metrics(iteration, scored, update)
             saved = state.save(iteration, metrics)
         except BaseException:
             memory.forget()  # the in-memory weights may be half-updated: never reuse them
@@ -135,7 +135,7 @@ def evaluate_checkpoint(
     loaded = None
     if checkpoint is not None:
         path = checkpoint.resolve()
-        loaded = ckpt.Checkpoint(path, io.read_json(path / ckpt.MANIFEST))
+        loaded = ckpt.Checkpoint.at(path)
     cfg = settings.eval
     backend = rollout_backend(settings, checkpoint=loaded)
     try:

@@ -10,8 +10,6 @@ weights, optimizer moments and RNG state, so caching changes speed, never result
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 
 from mage.settings import Settings
@@ -26,8 +24,7 @@ _STATE: dict[str, TrainingState] = {}
 
 
 def state_key(settings: Settings) -> str:
-    relevant = {name: settings.raw.get(name) for name in ("model", "algo", "train", "engine", "seed", "run", "paths")}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()
+    return settings.section_hash("model", "algo", "train", "engine", "seed", "run", "paths")
 
 
 def training_state(settings: Settings, checkpoint: FileRef | None) -> TrainingState:
@@ -42,7 +39,7 @@ def training_state(settings: Settings, checkpoint: FileRef | None) -> TrainingSt
         loaded = None
         if checkpoint is not None:
             path = checkpoint.resolve()
-            loaded = ckpt.Checkpoint(path, json.loads((path / ckpt.MANIFEST).read_text()))
+            loaded = ckpt.Checkpoint.at(path)
         state = start_training(settings, loaded)
         _STATE[key] = state
         return state

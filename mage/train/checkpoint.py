@@ -51,6 +51,12 @@ class Checkpoint:
     def kind(self) -> str:
         return self.manifest["kind"]
 
+    @classmethod
+    def at(cls, path: str | Path) -> Checkpoint:
+        """The checkpoint in directory ``path`` (its manifest read; completeness is the caller's check)."""
+        path = Path(path)
+        return cls(path, json.loads((path / MANIFEST).read_text()))
+
 
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -149,7 +155,7 @@ def list_checkpoints(root: str | Path) -> list[Checkpoint]:
     found = []
     for path in sorted(root.glob(f"{PREFIX}*")):
         if path.is_dir() and is_complete(path):
-            found.append(Checkpoint(path, json.loads((path / MANIFEST).read_text())))
+            found.append(Checkpoint.at(path))
     return sorted(found, key=lambda c: c.iteration)
 
 

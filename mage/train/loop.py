@@ -259,14 +259,18 @@ class IterationResult:
     rollout_path: Path
 
 
+def iteration_metrics(iteration: int, table: pl.DataFrame, update: dict[str, float]) -> dict[str, Any]:
+    """An iteration's metrics: the scored table's (per opponent) and the update's (``train/``)."""
+    return {"iteration": iteration, **summarise(table), **{f"train/{k}": v for k, v in update.items()}}
+
+
 def run_iteration(state: TrainingState, iteration: int, progress: bool = True) -> IterationResult:
     """Rollout, returns and advantages, update, trajectory table and (when due) checkpoint."""
     settings = state.settings
     raw, stats = rollout_iteration(settings, state.backend(), iteration, progress)
     table = score_iteration(settings, raw)
     update = state.update(table, iteration)
-    metrics = {"iteration": iteration, **summarise(table), **rollout_metrics_of([stats]),
-               **{f"train/{k}": v for k, v in update.items()}}
+    metrics = iteration_metrics(iteration, table, update) | rollout_metrics_of([stats])
     rollout_path = write_trajectories(table, RunPaths.of(settings).rollout(iteration))
     saved = state.save(iteration, metrics) if checkpoint_due(settings, iteration) else None
     record_metrics(settings, metrics)
