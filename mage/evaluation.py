@@ -16,7 +16,7 @@ from typing import Any
 import polars as pl
 
 from mage.backends import Backend, SamplingSettings
-from mage.population import PopulationEntry, population_entries
+from mage.population import PopulationEntry, population_entries, seating
 from mage.rollout import RolloutEngine, plan_meta_episodes
 from mage.rollout.engine import derive_seed
 from mage.settings import Settings, build
@@ -67,8 +67,7 @@ def evaluate(
 ) -> pl.DataFrame:
     """Play every opponent of ``entries`` (default: ``cfg.split``) and return the table."""
     entries = entries if entries is not None else opponents_for(settings, cfg.split)
-    num_seats = 1 if settings.game["name"] == "sokoban" else 2
-    seat_split = float(settings.raw["population"].get("seat_split", 0.5))
+    seat_split, num_seats = seating(settings.raw)
     specs = []
     for index, entry in enumerate(entries):
         planned = plan_meta_episodes(

@@ -108,6 +108,16 @@ def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, 
     }
 
 
+def seating(cfg: DictConfig | Mapping[str, Any]) -> tuple[float, int]:
+    """``(seat_split, num_seats)`` for planning meta-episodes on ``cfg.game``.
+
+    The number of seats is the game's number of players (Sokoban has one, so every
+    meta-episode takes seat 0); ``population.seat_split`` is the share played from seat 1.
+    """
+    game = make_game(cfg["game"]["name"], **(_plain(cfg["game"].get("params")) or {}))
+    return float(cfg["population"].get("seat_split", 0.5)), int(game.num_players)
+
+
 def seed_population(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     """Build the population manifest: every entry with its ceilings per seat."""
     entries = population_entries(cfg)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mage.config import compose
-from mage.population import load_manifest, population_entries, seed_population, write_manifest
+from mage.population import load_manifest, population_entries, seating, seed_population, write_manifest
 
 
 def test_training_populations_follow_the_spec():
@@ -44,6 +44,12 @@ def test_training_populations_follow_the_spec():
 def test_bad_populations_are_rejected_with_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
         population_entries(compose(["game=kuhn_poker", *overrides]))
+
+
+@pytest.mark.parametrize(("game", "seats"), [("kuhn_poker", 2), ("tic_tac_toe", 2), ("sokoban", 1)])
+def test_seating_follows_the_game(game, seats):
+    cfg = compose([f"game={game}", "population.seat_split=0.25"])
+    assert seating(cfg) == (0.25, seats)
 
 
 def test_kuhn_manifest(tmp_path):

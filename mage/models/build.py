@@ -85,14 +85,13 @@ def warm_start_check(model, tokenizer, game_name: str, seed: int, progress: bool
     from mage.backends.base import SamplingSettings
     from mage.backends.hf import HFBackend
     from mage.config import compose
-    from mage.population import population_entries
+    from mage.population import population_entries, seating
     from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
     from mage.rollout.metrics import final_episode_metrics
 
     cfg = compose([f"game={game_name}"])
     entries = [e for e in population_entries(cfg) if e.split == "train"]
-    num_seats = 1 if game_name == "sokoban" else 2
-    specs = plan_meta_episodes(entries, groups, 4, seed, cfg.population.seat_split, num_seats)
+    specs = plan_meta_episodes(entries, groups, 4, seed, *seating(cfg))
     engine = RolloutEngine(HFBackend(model, tokenizer), RolloutConfig(group_size=4), cfg.game.params)
     table = engine.run(specs, SamplingSettings(max_new_tokens=64, seed=seed), run_id="warm-start", progress=progress)
     pooled = final_episode_metrics(table).filter(pl.col("opponent") == "all").row(0, named=True)

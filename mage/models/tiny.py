@@ -128,7 +128,7 @@ def scripted_tables(game_name: str, rules: list[str], meta_episodes: int, seed: 
     from mage.backends.scripted import ScriptedBackend
     from mage.config import compose
     from mage.opponents import make
-    from mage.population import population_entries
+    from mage.population import population_entries, seating
     from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
 
     cfg = compose([f"game={game_name}"])
@@ -137,6 +137,6 @@ def scripted_tables(game_name: str, rules: list[str], meta_episodes: int, seed: 
     for index, rule in enumerate(rules):
         backend_rule = rule if rule in ("random", "solver") else make(game_name, rule)
         engine = RolloutEngine(ScriptedBackend(backend_rule, seed=seed + index), RolloutConfig(group_size=4), cfg.game.params)
-        specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed=seed + index, seat_split=cfg.population.seat_split)
+        specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed + index, *seating(cfg))
         tables.append(engine.run(specs, SamplingSettings(), run_id=f"bc-{rule}", progress=progress))
     return pl.concat(tables)

@@ -28,7 +28,7 @@ from mage import io
 from mage.algo import add_advantages, add_returns
 from mage.backends import Backend, make_backend
 from mage.models.policy import Policy, load_policy
-from mage.population import PopulationEntry, population_entries
+from mage.population import population_entries, seating
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.rollout.engine import derive_seed
 from mage.rollout.metrics import final_episode_metrics
@@ -116,15 +116,10 @@ def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint
 
 
 # -- one iteration, step by step ------------------------------------------------------------
-def training_entries(settings: Settings) -> tuple[list[PopulationEntry], float]:
-    entries = population_entries(settings.raw)
-    return [e for e in entries if e.split == "train"], float(settings.raw["population"].get("seat_split", 0.5))
-
-
 def plan_iteration(settings: Settings, iteration: int) -> list[MetaEpisodeSpec]:
     """The meta-episodes of an iteration: groups drawn from the training population."""
-    entries, seat_split = training_entries(settings)
-    num_seats = 1 if settings.game["name"] == "sokoban" else 2
+    entries = [e for e in population_entries(settings.raw) if e.split == "train"]
+    seat_split, num_seats = seating(settings.raw)
     engine = settings.engine
     return plan_meta_episodes(
         entries, engine.groups, engine.rollout.group_size, derive_seed(settings.seed, iteration), seat_split, num_seats
