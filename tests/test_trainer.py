@@ -95,6 +95,30 @@ def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
     assert trainer.update(table, seed=1)["kl"] > 0
 
 
+def test_learning_rate_schedules_by_hand():
+    constant = TrainConfig(iterations=4, learning_rate=1e-3)
+    assert [constant.learning_rate_at(k) for k in (1, 2, 3, 4)] == [1e-3] * 4
+    linear = TrainConfig(iterations=4, learning_rate=1e-3, lr_schedule="linear")
+    # lr * (1 - (k - 1) / K): 1, 3/4, 1/2, 1/4 of the rate; clamped outside 1..K
+    assert [linear.learning_rate_at(k) for k in (0, 1, 2, 3, 4, 9)] == pytest.approx(
+        [1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 2.5e-4])
+    with pytest.raises(ValueError, match="lr_schedule"):
+        TrainConfig(lr_schedule="cosine")
+
+
+def test_update_runs_at_the_learning_rate_it_is_given(tiny_model_dir):
+    policy = load_policy(tiny_model_dir)
+    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-2, mini_batch_size=64),
+                            AlgoConfig(kl_coef=0.0, entropy_coef=0.0))
+    before = [p.detach().clone() for p in trainer.parameters]
+    metrics = trainer.update(fixed_batch(policy), seed=0, learning_rate=1e-4)
+    assert metrics["optimizer_steps"] == 1 and metrics["learning_rate"] == 1e-4
+    # AdamW's first step moves every weight with a gradient by lr * g / (|g| + eps) ~ lr (no decay):
+    # the step is the given 1e-4, not the configured 1e-2.
+    largest = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.parameters, before))
+    assert largest == pytest.approx(1e-4, rel=1e-3)
+
+
 def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
     return Settings.from_config(compose([
         f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=3", "train.learning_rate=1e-3",
@@ -143,6 +167,8 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     manifest = ckpt.latest_checkpoint(paths.checkpoints).manifest
     assert manifest["iteration"] == 3 and manifest["parent"].endswith("ckpt-00002")
     assert manifest["kind"] == ("lora" if lora else "full") and "train/loss" in manifest["metrics"]
+    # tiny default: linear schedule, so iteration 3 of 3 ran at 1e-3 * (1 - 2/3), resumed or not
+    assert manifest["metrics"]["train/learning_rate"] == pytest.approx(1e-3 / 3)
 
 
 def test_a_corrupted_checkpoint_is_skipped(tiny_model_dir, tmp_path):

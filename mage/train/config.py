@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from mage.train.batching import BATCHINGS
 
+LR_SCHEDULES = ("constant", "linear")
+
 
 @dataclass(frozen=True)
 class LoraSettings:
@@ -29,6 +31,7 @@ class TrainConfig:
 
     iterations: int = 100
     learning_rate: float = 1e-5
+    lr_schedule: str = "constant"  # constant | linear (annealed to 0 over `iterations`, as CleanRL's PPO)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
@@ -52,4 +55,18 @@ class TrainConfig:
             raise ValueError("train.iterations >= 0, train.ppo_epochs >= 1 and train.mini_batch_size >= 1 required")
         if self.learning_rate <= 0:
             raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"train.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
         object.__setattr__(self, "betas", tuple(self.betas))
+
+    def learning_rate_at(self, iteration: int) -> float:
+        """The learning rate of (1-based) ``iteration``.
+
+        ``linear``: lr_k = lr * (1 - (k - 1) / K) for iteration k of K, so the first
+        iteration runs at the full rate and the last at lr / K. Late updates are small, so a
+        policy that has found a good strategy keeps it instead of drifting away from it.
+        """
+        if self.lr_schedule == "constant" or self.iterations <= 0:
+            return self.learning_rate
+        fraction = 1.0 - (min(max(iteration, 1), self.iterations) - 1) / self.iterations
+        return self.learning_rate * fraction

@@ -198,8 +198,10 @@ class TrainingState:
         return self._backend
 
     def update(self, table: pl.DataFrame, iteration: int) -> dict[str, float]:
-        """One PPO update on a scored table; the seed follows the iteration, so it replays."""
-        return self.trainer.update(table, seed=derive_seed(self.settings.seed, iteration, 1))
+        """One PPO update on a scored table; the seed and the learning rate follow the
+        iteration, so a resumed run replays the same update."""
+        return self.trainer.update(table, seed=derive_seed(self.settings.seed, iteration, 1),
+                                   learning_rate=self.settings.train.learning_rate_at(iteration))
 
     def save(self, iteration: int, metrics: dict[str, Any]) -> ckpt.Checkpoint:
         """Checkpoint the current weights, optimizer and RNG state as iteration ``iteration``."""

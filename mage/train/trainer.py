@@ -116,8 +116,12 @@ class PolicyTrainer:
         return batches
 
     # -- the update ----------------------------------------------------------------------
-    def update(self, table: pl.DataFrame, seed: int = 0) -> dict[str, float]:
-        """One PPO update on ``table`` (it must have an ``advantage`` column)."""
+    def update(self, table: pl.DataFrame, seed: int = 0, learning_rate: float | None = None) -> dict[str, float]:
+        """One PPO update on ``table`` (it must have an ``advantage`` column).
+
+        ``learning_rate`` (default: ``train.learning_rate``) is the rate of every optimizer
+        step of this update: the caller's schedule decides it per iteration.
+        """
         if "advantage" not in table.columns:
             raise ValueError("the table has no 'advantage' column: run add_returns and add_advantages first")
         table = table.filter(pl.col("response_token_ids").list.len() > 0)
@@ -135,6 +139,9 @@ class PolicyTrainer:
         ref = self._score(scoring, lengths, reference=True) if self.algo.kl_coef else None
 
         cfg = self.train_cfg
+        learning_rate = cfg.learning_rate if learning_rate is None else float(learning_rate)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
         rng = np.random.default_rng(seed)
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
         steps = trained_tokens = padded_tokens = 0
@@ -175,6 +182,7 @@ class PolicyTrainer:
         metrics = {key: value / max(steps, 1) for key, value in totals.items()}
         metrics.update(
             optimizer_steps=steps,
+            learning_rate=learning_rate,
             calls=len(prompts),
             response_tokens=sum(lengths),
             tokens=trained_tokens,
