@@ -13,6 +13,12 @@ length-bucketed micro-batches and with plain fixed-size padded ones, side by sid
     python benchmarks/learning_kuhn.py                     # 3 seeds x {mage, grpo}
     python benchmarks/learning_kuhn.py --seeds 0 --iterations 5 --eval-groups 8   # smoke run
 
+The batch has the paper's shape by default (groups of 8 meta-episodes, PPO mini-batches of
+64 calls: MAGE-SPEC sections 4 and 8) rather than the lifecycle's laptop defaults (4 and
+32): twice the samples per optimizer step, so less gradient noise between seeds.
+``--group-size 4 --mini-batch-size 32`` runs the repository's defaults. Per-run results
+(evaluation per opponent, training curves' last values) are written to ``<out>/runs.json``.
+
 Prints Markdown tables (paste them into BENCHMARKS.md with the machine line).
 """
 
@@ -39,7 +45,8 @@ def settings_for(args: argparse.Namespace, algo: str = "mage", seed: int = 0, *e
 
     overrides = [
         "game=kuhn_poker", "model=tiny", f"algo={algo}", f"seed={seed}", f"paths.artifacts={args.out}",
-        f"train.iterations={args.iterations}", f"engine.groups={args.groups}", *args.override, *extra,
+        f"train.iterations={args.iterations}", f"engine.groups={args.groups}",
+        f"engine.group_size={args.group_size}", f"train.mini_batch_size={args.mini_batch_size}", *args.override, *extra,
     ]
     if algo == "grpo":  # one episode per meta-episode, three times the groups: same episode budget
         overrides += ["engine.episodes=1", f"engine.groups={3 * args.groups}"]
@@ -78,10 +85,16 @@ def run_worker(args: argparse.Namespace) -> None:
     results = train(settings, resume=False, progress=False)
     train_seconds = time.perf_counter() - started
     latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    started = time.perf_counter()
     evaluation = evaluate_policy(settings, latest, args.eval_groups)
+    eval_seconds = time.perf_counter() - started
     calls = sum(r.metrics["rollout/calls"] for r in results)
+    last = results[-1].metrics
     print(json.dumps({
         "algo": algo, "seed": int(seed), "iterations": len(results), "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        # where the run ended up: drift shows as a growing KL and entropy, exploits as invalid replies
+        "last_kl": last["train/kl"], "last_entropy": last["train/entropy"], "last_invalid_rate": last["rollout/invalid_rate"],
         "llm_calls": calls, "episodes": sum(r.metrics.get("rollout/episodes", 0) for r in results),
         "train_tokens_per_second": statistics.mean(r.metrics["train/tokens_per_second"] for r in results),
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -110,7 +123,9 @@ def throughput_worker(args: argparse.Namespace) -> None:
 
 def subprocess_json(args: argparse.Namespace, *flags: str) -> dict:
     command = [sys.executable, __file__, *flags, "--out", str(args.out), "--iterations", str(args.iterations),
-               "--groups", str(args.groups), "--eval-groups", str(args.eval_groups), "--threads", str(args.threads)]
+               "--groups", str(args.groups), "--group-size", str(args.group_size),
+               "--mini-batch-size", str(args.mini_batch_size), "--eval-groups", str(args.eval_groups),
+               "--threads", str(args.threads)]
     for override in args.override:
         command += ["--override", override]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
@@ -136,7 +151,10 @@ def main() -> None:
     parser.add_argument("--algos", nargs="+", default=["mage", "grpo"])
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--groups", type=int, default=16)
-    parser.add_argument("--eval-groups", type=int, default=128)
+    parser.add_argument("--group-size", type=int, default=8, help="meta-episodes per group (paper 8; lifecycle default 4)")
+    parser.add_argument("--mini-batch-size", type=int, default=64, help="calls per optimizer step (paper 64; lifecycle 32)")
+    parser.add_argument("--eval-groups", type=int, default=512,
+                        help="meta-episodes per opponent (512: standard error ~0.3 on a Kuhn return)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench/learning_kuhn"))
     parser.add_argument("--override", action="append", default=[], help="extra Hydra override for every run")
@@ -155,6 +173,8 @@ def main() -> None:
     ensure_model(base)  # one warm start for every run
     warm = evaluate_policy(base, None, args.eval_groups)
     runs = [subprocess_json(args, "--worker", algo, str(seed)) for algo in args.algos for seed in args.seeds]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "runs.json").write_text(json.dumps({"warm_start": warm, "runs": runs}, indent=1))
 
     import torch
 
@@ -183,11 +203,18 @@ def main() -> None:
             print(f"| {opponent} | {metric} | {warm[opponent][metric]:.3f} | "
                   + " | ".join(f"{statistics.mean(v):.3f}" for v in per_algo.values()) + " | - |"
                   + " - |" * len(args.algos) + " - |" * len(args.algos))
-    print("\n| run | iterations | LLM calls | train wall time (s) | train tokens/s | peak RSS (MiB) |")
-    print("|---|---|---|---|---|---|")
+    print("\nPer run: final-episode win rate / mean return per opponent, and the last iteration's training figures.\n")
+    print("| run | " + " | ".join(OPPONENTS) + " | KL | entropy | invalid (rollout) |")
+    print("|---|" + "---|" * (len(OPPONENTS) + 3))
+    for r in runs:
+        cells = [f"{r['evaluation'][o]['final_win_rate']:.2f} / {r['evaluation'][o]['final_mean_return']:+.2f}" for o in OPPONENTS]
+        print(f"| {r['algo']} seed {r['seed']} | " + " | ".join(cells)
+              + f" | {r['last_kl']:.3f} | {r['last_entropy']:.3f} | {r['last_invalid_rate']:.3f} |")
+    print("\n| run | iterations | LLM calls | train wall time (s) | train tokens/s | eval wall time (s) | peak RSS (MiB) |")
+    print("|---|---|---|---|---|---|---|")
     for r in runs:
         print(f"| {r['algo']} seed {r['seed']} | {r['iterations']} | {r['llm_calls']:.0f} | {r['train_seconds']:.0f} | "
-              f"{r['train_tokens_per_second']:.0f} | {r['max_rss_mib']:.0f} |")
+              f"{r['train_tokens_per_second']:.0f} | {r['eval_seconds']:.0f} | {r['max_rss_mib']:.0f} |")
 
     table = RunPaths.of(settings_for(args, "mage", args.seeds[0])).rollout(1)
     print("\n| training step batching | tokens/s | padding share | seconds | peak RSS (MiB) |")
