@@ -55,7 +55,7 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
             if metrics.get("rollout/invalid_rate", 0.0) > 0.3 or metrics.get("train/kl", 0.0) > 1.0:
                 log.warning(f"iteration {iteration}: invalid rate {metrics.get('rollout/invalid_rate', 0):.2f}, KL "
                             f"{metrics.get('train/kl', 0):.2f}: the policy is drifting far from its reference "
-                            "(a lower train.learning_rate, train.lr_schedule=linear or a larger algo.kl_coef usually holds it)")
+                            "(a lower train.learning_rate or a larger algo.kl_coef usually holds it)")
             publish_training_table(settings.run_name, history)
             if live is not None:
                 for key, value in metrics.items():

@@ -122,6 +122,7 @@ def test_update_runs_at_the_learning_rate_it_is_given(tiny_model_dir):
 def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
     return Settings.from_config(compose([
         f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=3", "train.learning_rate=1e-3",
+        "train.lr_schedule=linear",  # a resumed run must also resume the schedule
         "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
         "engine.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path}", *extra,
     ]))
@@ -167,7 +168,7 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     manifest = ckpt.latest_checkpoint(paths.checkpoints).manifest
     assert manifest["iteration"] == 3 and manifest["parent"].endswith("ckpt-00002")
     assert manifest["kind"] == ("lora" if lora else "full") and "train/loss" in manifest["metrics"]
-    # tiny default: linear schedule, so iteration 3 of 3 ran at 1e-3 * (1 - 2/3), resumed or not
+    # linear schedule: iteration 3 of 3 ran at 1e-3 * (1 - 2/3), resumed or not
     assert manifest["metrics"]["train/learning_rate"] == pytest.approx(1e-3 / 3)
 
 
