@@ -133,10 +133,11 @@ def scripted_tables(game_name: str, rules: list[str], meta_episodes: int, seed: 
 
     cfg = compose([f"game={game_name}"])
     entries = [e for e in population_entries(cfg) if e.split == "train"]
+    seat_split, num_seats = seating(cfg)
     tables = []
     for index, rule in enumerate(rules):
         backend_rule = rule if rule in ("random", "solver") else make(game_name, rule)
         engine = RolloutEngine(ScriptedBackend(backend_rule, seed=seed + index), RolloutConfig(group_size=4), cfg.game.params)
-        specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed + index, *seating(cfg))
+        specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed + index, seat_split, num_seats)
         tables.append(engine.run(specs, SamplingSettings(), run_id=f"bc-{rule}", progress=progress))
     return pl.concat(tables)

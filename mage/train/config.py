@@ -31,7 +31,7 @@ class TrainConfig:
 
     iterations: int = 100
     learning_rate: float = 1e-5
-    lr_schedule: str = "constant"  # constant | linear (annealed to 0 over `iterations`, as CleanRL's PPO)
+    lr_schedule: str = "constant"  # constant | linear (CleanRL's PPO annealing: lr/iterations at the last iteration)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
