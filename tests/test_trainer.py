@@ -72,8 +72,9 @@ def sequence_logprob(trainer: PolicyTrainer, table: pl.DataFrame) -> list[float]
     with torch.no_grad():
         for batch in batches:
             logprobs, _ = trainer.forward(batch)
+            mask = batch.response_mask.to(logprobs.device)
             for r, row in enumerate(batch.rows):
-                out[row] = float((logprobs[r] * batch.response_mask[r]).sum())
+                out[row] = float((logprobs[r] * mask[r]).sum())
     return out
 
 
@@ -136,9 +137,23 @@ def weights(settings: Settings) -> dict[str, torch.Tensor]:
     return load_file(latest.path / name)
 
 
+@pytest.fixture
+def deterministic_torch(monkeypatch):
+    """train.deterministic changes process-wide state: put it back after the test."""
+    for name in ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "ASCEND_LAUNCH_BLOCKING", "HCCL_DETERMINISTIC",
+                 "FLASH_ATTENTION_DETERMINISTIC"):
+        monkeypatch.delenv(name, raising=False)  # restored at teardown, whatever the run sets
+    enabled, cudnn = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    yield
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.deterministic = cudnn
+
+
 @pytest.mark.parametrize("lora", [False, True])
-def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, monkeypatch, lora):
-    extra = ["+model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if lora else []
+def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, monkeypatch, deterministic_torch, lora):
+    # deterministic kernels: on a GPU, atomic-add reductions would otherwise differ run to run
+    extra = ["train.deterministic=true"]
+    extra += ["+model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if lora else []
     uninterrupted = tiny_run(tiny_model_dir, tmp_path / "a", *extra)
     train(uninterrupted, progress=False)
 
@@ -206,3 +221,47 @@ def test_shared_prefix_forward_is_exact_with_gradients(tiny_model_dir):
     shared, shared_grad = logprobs_and_grad(True)
     assert torch.allclose(plain, shared, atol=1e-5)
     assert torch.allclose(plain_grad, shared_grad, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj", "up_proj"))])
+def test_gradient_checkpointing_keeps_less_for_backward_and_gives_the_same_update(tiny_model_dir, lora):
+    def updated(checkpointing: bool):
+        torch.manual_seed(0)  # the same random LoRA A matrices in both runs
+        policy = load_policy(tiny_model_dir, lora=lora)
+        cfg = TrainConfig(learning_rate=1e-2, mini_batch_size=2, gradient_checkpointing=checkpointing)
+        trainer = PolicyTrainer(policy, cfg, AlgoConfig())
+        saved = []  # every tensor autograd keeps for the backward pass, by size
+
+        def pack(tensor):
+            saved.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            metrics = trainer.update(fixed_batch(policy), seed=0)
+        # generation after the update must keep its KV cache: no layer is left in training mode
+        assert not any(m.training for m in policy.model.modules())
+        weights = [p.detach().clone() for p in trainer.parameters]
+        return metrics, weights, sum(saved)
+
+    plain, plain_weights, plain_saved = updated(False)
+    checkpointed, checkpointed_weights, checkpointed_saved = updated(True)
+    assert plain["optimizer_steps"] == checkpointed["optimizer_steps"] == 2
+    # Checkpointing keeps only each layer's input for the backward pass, not its activations.
+    assert checkpointed_saved < 0.6 * plain_saved
+    assert checkpointed["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+    for a, b in zip(plain_weights, checkpointed_weights):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_fresh_lora_adapter_depends_on_the_seed_alone(tiny_model_dir, tmp_path):
+    from mage.train.loop import start_training
+
+    def adapter(seed: int, noise: int) -> dict[str, torch.Tensor]:
+        torch.manual_seed(noise)  # whatever the process drew before
+        settings = tiny_run(tiny_model_dir, tmp_path, f"seed={seed}", "+model.lora={r: 4, alpha: 8, target_modules: [q_proj]}")
+        state = start_training(settings)
+        return {k: v.detach().clone() for k, v in state.policy.model.named_parameters() if v.requires_grad}
+
+    first, again, other = adapter(0, noise=1), adapter(0, noise=2), adapter(1, noise=1)
+    assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)

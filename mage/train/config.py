@@ -42,6 +42,15 @@ class TrainConfig:
     micro_batch_tokens: int = 16384  # bucketed: padded tokens per micro-batch
     micro_batch_rows: int = 8  # padded: rows per micro-batch
     share_prefix: bool = True  # run a micro-batch's common prompt prefix once
+    # Recompute each decoder layer's activations in the backward pass instead of keeping
+    # them: about a third more compute for one layer's activations instead of all of them
+    # (a 4B model's PPO step on 16k-token micro-batches needs it on an 80 GB GPU:
+    # BENCHMARKS.md). The PPO pass then runs without the shared prefix (its KV cache
+    # cannot be recomputed); the scoring passes keep it.
+    gradient_checkpointing: bool = False
+    # transformers' enable_full_determinism: deterministic CUDA kernels, so a GPU run (and a
+    # resumed one) repeats bitwise; slower. CPU runs repeat without it.
+    deterministic: bool = False
     seed: int = 0
     checkpoint_every: int = 1  # iterations; 1 loses no finished iteration on a crash
     keep_checkpoints: int | None = None  # newest kept (None: all)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import torch
 
 from mage import io
 from mage.algo import add_advantages, add_returns
@@ -224,6 +225,13 @@ class TrainingState:
 
 def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None) -> TrainingState:
     """A training state at ``checkpoint`` (weights, optimizer and RNG state), or at the start."""
+    if settings.train.deterministic:
+        from transformers.trainer_utils import enable_full_determinism
+
+        enable_full_determinism(settings.train.seed)
+    # A fresh LoRA adapter is drawn from torch's global generator: seed it, so a run's
+    # starting point depends on its seed alone, not on what the process ran before.
+    torch.manual_seed(settings.train.seed)
     # The trainer is built on the base weights (full fine-tuning copies them as the
     # reference policy); a checkpoint's weights are loaded into the policy afterwards.
     policy = load_run_policy(settings)

@@ -12,6 +12,10 @@
 
 Calls without response tokens (a backend that returned nothing) carry no loss and are
 skipped. The model stays in eval mode: no dropout, so at the first step ratio = 1 exactly.
+With ``train.gradient_checkpointing`` only the decoder layers' own ``training`` flags are
+raised, and only during the PPO pass: transformers checkpoints a layer when that flag is
+set, dropout modules below it stay in eval mode, and generation between updates keeps its
+KV cache.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -64,6 +68,26 @@ class PolicyTrainer:
             weight_decay=train.weight_decay,
         )
         self.model.eval()
+        self.checkpointed_layers: list[torch.nn.Module] = []
+        if train.gradient_checkpointing:
+            from transformers.modeling_layers import GradientCheckpointingLayer
+
+            # non-reentrant checkpointing: LoRA inputs need no requires_grad hook
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.checkpointed_layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            if not self.checkpointed_layers:
+                raise ValueError(f"train.gradient_checkpointing: {type(self.model).__name__} has no checkpointable layers")
+
+    @contextmanager
+    def _checkpointing(self):
+        """Gradient checkpointing on for the PPO pass (see the module docstring)."""
+        for layer in self.checkpointed_layers:
+            layer.training = True  # this module's flag alone: its dropout children stay in eval mode
+        try:
+            yield
+        finally:
+            for layer in self.checkpointed_layers:
+                layer.training = False
 
     # -- forward passes ----------------------------------------------------------------
     def _reference_context(self):
@@ -99,7 +123,8 @@ class PolicyTrainer:
                 out[r, width - len(values[row]) :] = values[row]
         return out.to(self.device)
 
-    def _batches(self, prompts, responses, rows: list[int] | None = None, batching: str | None = None) -> list[MicroBatch]:
+    def _batches(self, prompts, responses, rows: list[int] | None = None, batching: str | None = None,
+                 share_prefix: bool | None = None) -> list[MicroBatch]:
         cfg = self.train_cfg
         index = list(range(len(prompts))) if rows is None else rows
         batches = micro_batches(
@@ -109,7 +134,7 @@ class PolicyTrainer:
             batching or cfg.batching,
             cfg.micro_batch_tokens,
             cfg.micro_batch_rows,
-            cfg.share_prefix,
+            cfg.share_prefix if share_prefix is None else share_prefix,
         )
         for batch in batches:  # back to indices of the full table
             batch.rows = [index[r] for r in batch.rows]
@@ -145,39 +170,42 @@ class PolicyTrainer:
         rng = np.random.default_rng(seed)
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
         steps = trained_tokens = padded_tokens = 0
-        for _ in range(cfg.ppo_epochs):
-            order = rng.permutation(len(prompts)).tolist()
-            for start in range(0, len(order), cfg.mini_batch_size):
-                rows = order[start : start + cfg.mini_batch_size]
-                mini_tokens = sum(lengths[i] for i in rows)
-                self.optimizer.zero_grad(set_to_none=True)
-                weighted = {k: 0.0 for k in ("loss", "policy_loss", "kl", "entropy", "clip_fraction")}
-                for batch in self._batches(prompts, responses, rows):
-                    logprobs, entropy = self.forward(batch, entropy=bool(self.algo.entropy_coef))
-                    parts = ppo_loss(
-                        logprobs,
-                        self._aligned(old, batch),
-                        self._aligned(ref, batch) if ref is not None else None,
-                        advantages[batch.rows].to(self.device),
-                        batch.response_mask.to(self.device),
-                        self.algo,
-                        mini_tokens,
-                        entropy,
-                    )
-                    parts.loss.backward()
-                    share = parts.tokens / max(mini_tokens, 1)
-                    weighted["loss"] += parts.loss.item()
-                    for key, value in (("policy_loss", parts.policy), ("kl", parts.kl), ("entropy", parts.entropy),
-                                       ("clip_fraction", parts.clip_fraction)):
-                        weighted[key] += share * value
-                    padded_tokens += batch.padded_tokens
-                    trained_tokens += batch.real_tokens
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip)
-                self.optimizer.step()
-                steps += 1
-                for key, value in weighted.items():
-                    totals[key] += value
-                totals["grad_norm"] += float(grad_norm)
+        # a checkpointed layer drops the prefix's KV cache, so the PPO pass runs whole sequences
+        share_prefix = cfg.share_prefix and not self.checkpointed_layers
+        with self._checkpointing():
+            for _ in range(cfg.ppo_epochs):
+                order = rng.permutation(len(prompts)).tolist()
+                for start in range(0, len(order), cfg.mini_batch_size):
+                    rows = order[start : start + cfg.mini_batch_size]
+                    mini_tokens = sum(lengths[i] for i in rows)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    weighted = {k: 0.0 for k in ("loss", "policy_loss", "kl", "entropy", "clip_fraction")}
+                    for batch in self._batches(prompts, responses, rows, share_prefix=share_prefix):
+                        logprobs, entropy = self.forward(batch, entropy=bool(self.algo.entropy_coef))
+                        parts = ppo_loss(
+                            logprobs,
+                            self._aligned(old, batch),
+                            self._aligned(ref, batch) if ref is not None else None,
+                            advantages[batch.rows].to(self.device),
+                            batch.response_mask.to(self.device),
+                            self.algo,
+                            mini_tokens,
+                            entropy,
+                        )
+                        parts.loss.backward()
+                        share = parts.tokens / max(mini_tokens, 1)
+                        weighted["loss"] += parts.loss.item()
+                        for key, value in (("policy_loss", parts.policy), ("kl", parts.kl), ("entropy", parts.entropy),
+                                           ("clip_fraction", parts.clip_fraction)):
+                            weighted[key] += share * value
+                        padded_tokens += batch.padded_tokens
+                        trained_tokens += batch.real_tokens
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip)
+                    self.optimizer.step()
+                    steps += 1
+                    for key, value in weighted.items():
+                        totals[key] += value
+                    totals["grad_norm"] += float(grad_norm)
         seconds = time.perf_counter() - started
         metrics = {key: value / max(steps, 1) for key, value in totals.items()}
         metrics.update(
