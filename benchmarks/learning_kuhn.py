@@ -18,8 +18,9 @@ groups of 8 meta-episodes as in the paper (MAGE-SPEC sections 4 and 8), 24 group
 iteration and PPO mini-batches of 96 calls. That is about 10 optimizer steps per iteration,
 as with 16 groups and mini-batches of 64, but each step averages 1.5x the samples, so there
 is less gradient noise and less late drift between seeds. A MAGE run takes about 15 minutes
-here. ``--groups 16 --group-size 4 --mini-batch-size 32`` runs the lifecycle's laptop batch. Per-run results
-(evaluation per opponent, training curves' last values) are written to ``<out>/runs.json``.
+here. ``--groups 16 --group-size 4 --mini-batch-size 32`` runs the lifecycle's laptop batch.
+Per-run results (evaluation per opponent, training curves' last values) are written to
+``<out>/runs.json``.
 
 Prints Markdown tables (paste them into BENCHMARKS.md with the machine line).
 """

@@ -29,18 +29,22 @@ from pathlib import Path
 
 # Published configurations (config.json on the hub) of the presets in params/model/.
 SHAPES = {
-    "qwen2_5_0_5b": dict(architecture="Qwen2ForCausalLM", hidden_size=896, intermediate_size=4864,
+    "qwen2_5_0_5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
                          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
                          tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=32768),
-    "qwen3_4b": dict(architecture="Qwen3ForCausalLM", hidden_size=2560, intermediate_size=9728,
+    "qwen3_4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728,
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0,
                      max_position_embeddings=40960),
 }
-LORA = {  # params/model/qwen2_5_0_5b.yaml and qwen3_4b.yaml
-    "qwen2_5_0_5b": (32, 64), "qwen3_4b": (64, 128),
-}
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def preset_lora(shape: str):
+    """The LoRA settings of the model preset ``params/model/<shape>.yaml``."""
+    from mage.config import compose
+    from mage.settings import Settings
+
+    return Settings.from_config(compose([f"model={shape}"])).model.lora
 
 
 def save_random_model(shape: str, tokenizer_dir: Path, directory: Path, device: str, dtype: str) -> None:
@@ -49,8 +53,7 @@ def save_random_model(shape: str, tokenizer_dir: Path, directory: Path, device: 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     spec = dict(SHAPES[shape])
-    architecture = spec.pop("architecture")
-    model_type = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[architecture]
+    model_type = spec.pop("model_type")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = AutoConfig.for_model(model_type, **spec, bos_token_id=tokenizer.bos_token_id,
                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
@@ -106,7 +109,6 @@ def main() -> None:
     import polars as pl
     import torch
 
-    from mage.train import LoraSettings
 
     torch.set_num_threads(args.threads)
     table = pl.read_parquet(args.table)
@@ -125,8 +127,8 @@ def main() -> None:
             else:
                 model_dir = Path(scratch)
                 save_random_model(shape, args.tokenizer, model_dir, args.device, args.dtype)
-                r, alpha = LORA[shape]
-                lora, training = LoraSettings(r=r, alpha=alpha, target_modules=TARGETS), f"LoRA r={r}"
+                lora = preset_lora(shape)
+                training = f"LoRA r={lora.r}"
             for checkpointing in args.gradient_checkpointing:
                 for batching in args.batching:
                     m = measure(model_dir, table, batching, checkpointing == "on", args, lora)

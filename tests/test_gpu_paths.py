@@ -33,34 +33,20 @@ def test_bf16_generation_logprobs_match_a_teacher_forced_pass(tiny_model_dir):
 
 
 def test_bf16_lora_update_moves_log_probs_with_the_advantage(tiny_model_dir):
-    import polars as pl
-
-    from mage.train.batching import micro_batches
+    from test_trainer import fixed_batch, sequence_logprob  # the CPU test's batch and measure
 
     policy = load_policy(tiny_model_dir, dtype="bfloat16", device="cuda",
                          lora=LoraSettings(r=8, alpha=16, target_modules=("q_proj", "v_proj", "up_proj")))
     trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-2, mini_batch_size=4), AlgoConfig())
-    encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    rows = [{"prompt_token_ids": encode(p), "response_token_ids": encode(r), "advantage": a}
-            for p in ("Your card: King (K).", "Board: A1 B2")
-            for r, a in (("<action>bet</action>", 1.0), ("<action>check</action>", -1.0))]
-    table = pl.DataFrame(rows, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
-                                       "advantage": pl.Float64})
+    table = fixed_batch(policy)
 
-    def response_logprobs() -> list[float]:
-        batch = micro_batches(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list(), trainer.pad_id)[0]
-        with torch.no_grad():
-            logprobs, _ = trainer.forward(batch)
-        sums = (logprobs.float() * batch.response_mask.to(logprobs.device)).sum(1).tolist()
-        return [sums[batch.rows.index(i)] for i in range(table.height)]
-
-    before = response_logprobs()
+    before = sequence_logprob(trainer, table)
     first = trainer.update(table, seed=0)
     # The adapter starts at zero (B = 0): policy = reference, so the first KL is zero even in bf16.
     assert first["kl"] == 0.0 and first["peak_memory_mib"] > 0
     for _ in range(4):
         last = trainer.update(table, seed=0)
-    after = response_logprobs()
+    after = sequence_logprob(trainer, table)
     for advantage, b, a in zip(table["advantage"], before, after):
         assert (a > b) if advantage > 0 else (a < b)
     assert last["kl"] > 0

@@ -74,7 +74,7 @@ def sequence_logprob(trainer: PolicyTrainer, table: pl.DataFrame) -> list[float]
             logprobs, _ = trainer.forward(batch)
             mask = batch.response_mask.to(logprobs.device)
             for r, row in enumerate(batch.rows):
-                out[row] = float((logprobs[r] * mask[r]).sum())
+                out[row] = float((logprobs[r].float() * mask[r]).sum())
     return out
 
 
@@ -138,13 +138,16 @@ def weights(settings: Settings) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture
-def deterministic_torch(monkeypatch):
-    """train.deterministic changes process-wide state: put it back after the test."""
-    for name in ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "ASCEND_LAUNCH_BLOCKING", "HCCL_DETERMINISTIC",
-                 "FLASH_ATTENTION_DETERMINISTIC"):
-        monkeypatch.delenv(name, raising=False)  # restored at teardown, whatever the run sets
+def deterministic_torch():
+    """train.deterministic changes process-wide state (environment variables, torch flags):
+    put it back after the test."""
+    import os
+
+    environment = dict(os.environ)
     enabled, cudnn = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
     yield
+    os.environ.clear()
+    os.environ.update(environment)
     torch.use_deterministic_algorithms(enabled)
     torch.backends.cudnn.deterministic = cudnn
 
