@@ -164,3 +164,19 @@ def test_scripted_backend_with_a_tokenizer_gives_token_ids(tiny_model_dir):
     first = table.row(0, named=True)
     assert tokenizer.decode(first["response_token_ids"]) == first["response"]
     assert tokenizer.decode(first["prompt_token_ids"]).startswith("<|im_start|>user\nGame: Kuhn Poker")
+
+
+def test_the_prompt_cache_never_forgets_a_prompt_it_is_asked_for(tiny_model_dir, monkeypatch):
+    # Regression: a full cache used to be cleared after the cached prompts of the call had
+    # been counted as present, and the lookup then failed (a KeyError in a Tic-Tac-Toe run).
+    monkeypatch.setattr("mage.backends.hf.ENCODED_PROMPTS_KEPT", 3)
+    backend = HFBackend(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def expected(prompt: str) -> list[int]:
+        return tokenizer(backend.format(prompt), add_special_tokens=False)["input_ids"]
+
+    backend.encode(["a", "b"])
+    calls = [["a", "c", "d"], ["d", "e", "f", "a"], ["g"]]
+    for prompts in calls:
+        assert backend.encode(prompts) == [expected(p) for p in prompts]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from mage.protocol.parsing import MAX_PARSE_CHARS, extract_tag, parse_action, parse_remark
@@ -89,8 +89,38 @@ def test_parse_action_never_raises_and_returns_legal_moves(reply, max_moves):
 @given(prefix=st.text(), name=st.sampled_from(sorted(TTT)), suffix=st.text())
 def test_a_well_formed_tag_is_found_after_any_tag_free_prefix(prefix, name, suffix):
     prefix = prefix.replace("<", "")  # no tag may open before ours
+    # a stray </think> after it makes everything before it thinking (the template opened it)
+    assume("</think>" not in suffix.lower())
     parsed = parse_action(f"{prefix}<action>{name.upper()}</action>{suffix}", TTT)
     assert parsed.actions == (TTT[name],)
+
+
+#: Characters whose lower case has another length ("İ" lowers to "i" + a combining dot), and
+#: look-alikes of the tags' letters that Unicode case folding would equate with ASCII ones.
+TRICKY = st.sampled_from(["İ", "ı", "ſ", "K", "ß", "ẞ", "Σ", "ς", "ﬁ", "<", "/"])
+TRICKY_TEXT = st.lists(st.one_of(TRICKY, st.characters()), max_size=20).map("".join)
+
+
+def test_lower_casing_that_changes_length_does_not_shift_the_tag():
+    # "İ".lower() has two characters: positions found in a lowered copy were off by one.
+    assert parse_action("İ<action>bet</action>", KUHN_OPEN).actions == (1,)
+    assert parse_remark("İİİ<remark>Bet with K.</remark>").text == "Bet with K."
+    assert parse_action("<think>İİ</think>İ<action>check</action>", KUHN_OPEN).actions == (0,)
+    # Tags are ASCII: a Kelvin sign is not a k, a dotless ı is not an i.
+    assert parse_action("<actıon>bet</actıon>", KUHN_OPEN).reason == "no <action> tag"
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefix=TRICKY_TEXT, name=st.sampled_from(sorted(TTT)), remark=TRICKY_TEXT, suffix=TRICKY_TEXT)
+def test_tags_are_found_exactly_after_any_text(prefix, name, remark, suffix):
+    prefix = prefix.replace("<", "")  # no tag may open before ours
+    # a stray </think> after it makes everything before it thinking (the template opened it)
+    assume("</think>" not in suffix.lower())
+    parsed = parse_action(f"{prefix}<action>{name.upper()}</action>{suffix}", TTT)
+    assert parsed.actions == (TTT[name],) and parsed.text == name.upper()
+    remark = remark.replace("<", "")
+    reflected = parse_remark(f"{prefix}<REMARK>{remark}</remark>{suffix}")
+    assert reflected.text == remark.strip() and reflected.valid == bool(remark.strip())
 
 
 @settings(max_examples=200, deadline=None)

@@ -45,6 +45,34 @@ def test_low_var_kl_by_hand():
     assert low_var_kl(logp, ref).tolist() == pytest.approx([0.5 - math.log(0.5) - 1, 0.0])
 
 
+@pytest.mark.parametrize("masked_logprob", [-100.0, -1e4, -math.inf])
+def test_masked_positions_with_extreme_log_probs_leave_the_gradient_finite(masked_logprob):
+    # A padded position's log-prob can be anything; the trainer fills old and reference
+    # log-probs there with 0. exp(0 - (-100)) overflows float32, and 0 x inf = NaN.
+    cfg = AlgoConfig(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, entropy_coef=0.0)
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0]])
+    real = torch.tensor([[0.0, math.log(0.5), math.log(0.25)], [math.log(0.8), math.log(0.1), 0.0]])
+    old = torch.tensor([[0.0, math.log(0.4), math.log(0.25)], [math.log(0.9), math.log(0.1), 0.0]])
+    ref = torch.tensor([[0.0, math.log(0.5), math.log(0.5)], [math.log(0.8), math.log(0.2), 0.0]])
+    advantages = torch.tensor([1.0, -2.0])
+
+    def loss_and_grad(fill: float):
+        logprobs = torch.where(mask.bool(), real, torch.full_like(real, fill)).requires_grad_(True)
+        parts = ppo_loss(logprobs, old, ref, advantages, mask, cfg, total_tokens=4)
+        parts.loss.backward()
+        return parts, logprobs.grad
+
+    extreme, grad = loss_and_grad(masked_logprob)
+    benign, benign_grad = loss_and_grad(0.0)
+    assert torch.isfinite(grad).all() and math.isfinite(extreme.loss.item()) and math.isfinite(extreme.kl)
+    assert extreme.loss.item() == pytest.approx(benign.loss.item())
+    assert torch.equal(grad, benign_grad) and (grad[~mask.bool()] == 0).all()
+    # By hand, row 0's second token: A = +1, ratio 0.5 / 0.4 = 1.25, clipped to 1.2 -> -1.2, and
+    # k3(ref 0.5 / 0.5) = 0; KL of row 1's second token: r = 0.2 / 0.1 = 2 -> 2 - log 2 - 1.
+    kl = (0.0 + (0.5 / 0.25 - math.log(0.5 / 0.25) - 1) + 0.0 + (2 - math.log(2) - 1)) / 4
+    assert extreme.kl == pytest.approx(kl)
+
+
 def test_bucketing_pads_less_than_fixed_batches():
     prompts = [[1] * n for n in (5, 100, 6, 98, 7, 101, 4, 99)]
     responses = [[2] * 3 for _ in prompts]

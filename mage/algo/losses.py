@@ -34,9 +34,15 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """The k3 estimator of KL(pi || pi_ref): unbiased, non-negative, low variance."""
+def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The k3 estimator of KL(pi || pi_ref): unbiased, non-negative, low variance.
+
+    Where ``mask`` is 0 the log-ratio is taken as 0 *before* the exponential: a padded
+    position's log-probs can be anything (-100 and a filler 0 give exp(100) = inf, and
+    0 x inf is NaN in the backward pass even though the mask zeroes the loss there)."""
     log_ratio = ref_logprobs - logprobs
+    if mask is not None:
+        log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
     return (torch.exp(log_ratio) - log_ratio - 1).clamp(-10.0, 10.0)
 
 
@@ -61,9 +67,13 @@ def ppo_loss(
     entropy: torch.Tensor | None = None,
 ) -> LossParts:
     """PPO loss of one micro-batch; tensors are [rows, tokens], ``advantages`` is [rows]."""
+    keep = mask.bool()
     mask = mask.float()
     adv = advantages.unsqueeze(-1).to(logprobs.dtype)
-    ratio = torch.exp(logprobs - old_logprobs)
+    # Masked positions get ratio 1 before the exponential (see low_var_kl): their log-probs
+    # are not a response token's, and an overflow there would poison the whole gradient.
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(torch.where(keep, log_ratio, torch.zeros_like(log_ratio)))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - cfg.clip_ratio, 1.0 + cfg.clip_ratio)
     pg = torch.maximum(unclipped, clipped)
@@ -71,7 +81,7 @@ def ppo_loss(
     per_token = pg
     kl = torch.zeros_like(pg)
     if ref_logprobs is not None and cfg.kl_coef:
-        kl = low_var_kl(logprobs, ref_logprobs)
+        kl = low_var_kl(logprobs, ref_logprobs, keep)
         per_token = per_token + cfg.kl_coef * kl
     ent = torch.zeros_like(pg) if entropy is None else entropy
     if entropy is not None and cfg.entropy_coef:

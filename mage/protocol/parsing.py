@@ -26,7 +26,14 @@ from dataclasses import dataclass
 MAX_PARSE_CHARS = 200_000
 _SHOWN_CHARS = 40  # how much of a bad action string an error reason quotes
 
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", re.IGNORECASE | re.DOTALL)
+# Tags are ASCII: matched case-insensitively in ASCII only, on the text itself. (Lower-casing
+# the text first and using its positions on the original is wrong wherever lower-casing
+# changes a length: "İ".lower() is two characters.)
+_TAG_FLAGS = re.IGNORECASE | re.ASCII
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", _TAG_FLAGS | re.DOTALL)
+_THINK_CLOSE = re.compile(re.escape("</think>"), _TAG_FLAGS)
+_TAGS = {tag: (re.compile(re.escape(f"<{tag}>"), _TAG_FLAGS), re.compile(re.escape(f"</{tag}>"), _TAG_FLAGS))
+         for tag in ("action", "remark", "think")}
 _MOVE_SEPARATORS = re.compile(r"[\s,;|>/\-]+")
 _STRIP_CHARS = " \t\r\n\"'`.!?:*()[]{}"
 
@@ -68,8 +75,10 @@ def strip_thinking(response: str) -> str:
     """Remove ``<think>...</think>`` blocks, an unclosed trailing one, and thinking whose
     opening tag was part of the prompt (text up to a stray ``</think>``)."""
     text = _THINK_BLOCK.sub(" ", response)
-    stray = text.lower().rfind("</think>")
-    return text[stray + len("</think>"):] if stray >= 0 else text
+    stray = None
+    for stray in _THINK_CLOSE.finditer(text):
+        pass
+    return text[stray.end():] if stray is not None else text
 
 
 def extract_tag(response: str, tag: str) -> TagContent:
@@ -77,18 +86,19 @@ def extract_tag(response: str, tag: str) -> TagContent:
     if not isinstance(response, str):
         return TagContent(None, "reply is not text")
     text = strip_thinking(response[:MAX_PARSE_CHARS])
-    lowered = text.lower()
-    opening, closing = f"<{tag}>", f"</{tag}>"
-    start = lowered.find(opening)
-    if start < 0:
+    if tag in _TAGS:
+        opening, closing = _TAGS[tag]
+    else:
+        opening, closing = (re.compile(re.escape(t), _TAG_FLAGS) for t in (f"<{tag}>", f"</{tag}>"))
+    start = opening.search(text)
+    if start is None:
         return TagContent(None, f"no <{tag}> tag")
-    body_start = start + len(opening)
-    end = lowered.find(closing, body_start)
-    if end < 0:
+    end = closing.search(text, start.end())
+    if end is None:
         return TagContent(None, f"unclosed <{tag}> tag")
-    if lowered.find(opening, body_start, end) >= 0:
+    if opening.search(text, start.end(), end.start()) is not None:
         return TagContent(None, f"nested <{tag}> tag")
-    return TagContent(text[body_start:end], None)
+    return TagContent(text[start.end():end.start()], None)
 
 
 def normalise(text: str) -> str:
