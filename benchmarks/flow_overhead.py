@@ -55,13 +55,13 @@ def main() -> None:
 
     def direct(index: int) -> float:
         started = time.perf_counter()  # both paths start from overrides: composing the config counts
-        settings = load_settings([*base, f"paths.artifacts={work / f'direct-{index}'}"])
+        settings = load_settings([*base, f"paths.artifacts={work / f'direct-{index}'}", f"paths.results={work / f'direct-{index}' / 'results'}"])
         state = start_training(settings)
         run_iteration(state, 1, progress=False)
         return time.perf_counter() - started
 
     def flowed(index: int) -> tuple[float, list[str]]:
-        overrides = [*base, f"paths.artifacts={work / f'flow-{index}'}"]
+        overrides = [*base, f"paths.artifacts={work / f'flow-{index}'}", f"paths.results={work / f'flow-{index}' / 'results'}"]
         memory.forget()  # the flow loads the model in its task, like the direct path
         started = time.perf_counter()
         train_flow(overrides)

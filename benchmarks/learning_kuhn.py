@@ -47,7 +47,7 @@ def settings_for(args: argparse.Namespace, algo: str = "mage", seed: int = 0, *e
     from mage.settings import Settings
 
     overrides = [
-        "game=kuhn_poker", "model=tiny", f"algo={algo}", f"seed={seed}", f"paths.artifacts={args.out}",
+        "game=kuhn_poker", "model=tiny", f"algo={algo}", f"seed={seed}", f"paths.artifacts={args.out}", f"paths.results={args.out}/results",
         f"train.iterations={args.iterations}", f"engine.groups={args.groups}",
         f"engine.group_size={args.group_size}", f"train.mini_batch_size={args.mini_batch_size}", *args.override, *extra,
     ]
@@ -69,9 +69,9 @@ def evaluate_policy(settings, checkpoint, eval_groups: int) -> dict:
     from mage.train.loop import rollout_backend
 
     backend = rollout_backend(settings, checkpoint=checkpoint)
-    cfg = EvalConfig.from_settings(settings, split="train", groups_per_opponent=eval_groups, episodes=3)
+    cfg = EvalConfig.from_settings(settings, split="train", meta_episodes=3 * eval_groups, episodes=3)
     table = evaluate(settings, backend, cfg, progress=False)
-    rows = per_opponent(table, seed_population(settings.raw, progress=False)).iter_rows(named=True)
+    rows = per_opponent(table, seed_population(settings.raw, progress=False), cfg.episodes, cfg.early_stop)
     return {r["opponent"]: {k: r[k] for k in METRICS} for r in rows}
 
 

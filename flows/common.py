@@ -18,6 +18,13 @@ def settings_for(overrides: Sequence[str] | None, config_file: str | None) -> Se
     return load_settings(list(overrides or []), config_file)
 
 
+def local_timezone() -> str:
+    """This machine's time zone (the nightly schedule's default)."""
+    import tzlocal
+
+    return tzlocal.get_localzone_name() or "UTC"
+
+
 def make_runner(flow_cfg: FlowConfig) -> TaskRunner:
     """The task runner that fans rollout shards out (``flow.runner``)."""
     if flow_cfg.runner == "process":

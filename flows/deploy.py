@@ -17,16 +17,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flows import evaluate, nightly_evaluation, pipeline, seed_population, train
+from flows.common import local_timezone
+from flows.evaluate import evaluate, nightly_evaluation
+from flows.pipeline import pipeline
+from flows.seed_population import seed_population
+from flows.train import train
 from mage.settings import Settings, load_settings
 
 TAGS = ["mage"]
-
-
-def local_timezone() -> str:
-    import tzlocal
-
-    return tzlocal.get_localzone_name() or "UTC"
 
 
 def deployments(settings: Settings, overrides: Sequence[str] = ()) -> list[Any]:

@@ -10,38 +10,32 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import configured, logger, publish_markdown, settings_for
+from mage import io
+from flows.common import configured, local_timezone, logger, publish_markdown, settings_for
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from mage.train.loop import RunPaths
-from tasks import evaluate_checkpoint, prepare_model, seed_population, write_report
-from tasks.pipeline import default_evaluation_dir
+from tasks.evaluation import default_evaluation_dir, evaluate_checkpoint, write_report
+from tasks.model import prepare_model
+from tasks.population import seed_population
 from tasks.refs import FileRef
 
 SPLITS = {"all": ("train", "held_out"), "train": ("train",), "held_out": ("held_out",)}
 
 
-def newest_checkpoint(root: str | Path) -> ckpt.Checkpoint | None:
-    """The most recently written complete checkpoint under ``root`` (any run, any depth)."""
-    found = [
-        ckpt.Checkpoint.at(path)
-        for path in Path(root).rglob(f"{ckpt.PREFIX}*")
-        if path.is_dir() and not path.name.startswith(".") and ckpt.is_complete(path)
-    ]
-    return max(found, key=lambda c: (c.manifest.get("created", ""), (c.path / ckpt.MANIFEST).stat().st_mtime), default=None)
-
-
-def checkpoint_ref(settings: Settings, checkpoint: str | None) -> FileRef | None:
-    """An explicit checkpoint directory, else the run's final one (what the train flow last
-    wrote, in ``final.json``), else its latest, else None (the base model)."""
+def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None = None) -> FileRef | None:
+    """An explicit checkpoint directory, else the final one of run ``run`` (default: the
+    configured ``run.name``; what the train flow last wrote, in ``final.json``), else that
+    run's latest, else None (the base model)."""
     if checkpoint:
         return FileRef.of(checkpoint, "checkpoint")
-    final = RunPaths.of(settings).root / "final.json"
+    paths = RunPaths.of(settings) if run is None else RunPaths(RunPaths.of(settings).root.parent / run)
+    final = paths.root / "final.json"
     if final.is_file():
         recorded = json.loads(final.read_text())["checkpoint"]
         if recorded and Path(recorded).is_dir():
             return FileRef.of(recorded, "checkpoint")
-    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    latest = ckpt.latest_checkpoint(paths.checkpoints)
     return FileRef.of(latest.path, "checkpoint") if latest else None
 
 
@@ -59,81 +53,114 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
     return tables
 
 
+def tables_in(directory: Path) -> dict[str, FileRef]:
+    """The evaluation tables (``train.parquet``, ``held_out.parquet``) that ``directory`` holds."""
+    return {split: FileRef.of(directory / f"{split}.parquet") for split in ("train", "held_out")
+            if (directory / f"{split}.parquet").is_file()}
+
+
 def report_on(settings: Settings, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: Path,
-              title: str) -> dict[str, Any]:
-    """Write the report of evaluation ``tables`` into ``out_dir``; publish it as a Markdown artifact."""
+              title: str, start_tables: dict[str, FileRef] | None = None) -> dict[str, Any]:
+    """Write the report of evaluation ``tables`` (beside the starting policy's ``start_tables``)
+    into ``out_dir``; publish it as a Markdown artifact."""
     config, flow_cfg = settings.raw, settings.flow
     manifest = configured(seed_population, flow_cfg)(config)
     history = RunPaths.of(settings).metrics
     report = configured(write_report, flow_cfg)(
-        config, manifest, tables, checkpoint, str(out_dir), FileRef.of(history) if history.is_file() else None
+        config, manifest, tables, checkpoint, str(out_dir), FileRef.of(history) if history.is_file() else None,
+        start_tables or None,
     )
     markdown = report["files"]["markdown"].resolve().read_text()
-    publish_markdown(title, markdown, f"Evaluation report ({', '.join(tables)}) of {checkpoint.path if checkpoint else 'the base model'}")
+    publish_markdown(title, markdown, f"Evaluation report ({', '.join(tables)}) of "
+                                      f"{checkpoint.path if checkpoint else 'the starting policy'}")
+    for split in tables:
+        if f"{split}/gain_over_start" in report["metrics"]:
+            metrics = report["metrics"]
+            logger().info(f"{split}: final-episode win rate {metrics[f'{split}/start_final_win_rate']:.3f} at the start, "
+                          f"{metrics[f'{split}/final_win_rate']:.3f} now ({metrics[f'{split}/gain_over_start']:+.3f})")
     logger().info(f"report: {report['files']['markdown'].path}")
     return report
 
 
 def evaluate_and_report(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...], out_dir: Path,
                         title: str) -> dict[str, Any]:
-    return report_on(settings, play(settings, checkpoint, splits, out_dir), checkpoint, out_dir, title)
+    """Play ``checkpoint`` and, for the comparison, the starting policy on the same initial states; report."""
+    tables = play(settings, checkpoint, splits, out_dir)
+    start = None if checkpoint is None else play(settings, None, splits, default_evaluation_dir(settings, None))
+    return report_on(settings, tables, checkpoint, out_dir, title, start)
 
 
 @flow(name="evaluate")
 def evaluate(overrides: list[str] | None = None, config_file: str | None = None, checkpoint: str | None = None,
-             split: str | None = None, out_dir: str | None = None, report: bool = True) -> dict[str, Any]:
-    """Evaluate ``checkpoint`` (default: the run's final one; none yet: the base model) against
-    the opponents of ``split`` (default ``eval.split``; ``all``: training and held-out), per
-    episode and per opponent. The tables go to ``out_dir`` (default
-    ``paths.evaluations/<run>/<checkpoint>``) and, with ``report``, the report beside them."""
+             split: str | None = None, out_dir: str | None = None, report: bool = True,
+             start: bool = False) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` (default: the run's final one; none yet: the starting policy),
+    or with ``start`` the starting policy itself (the tiny warm start or the base model),
+    against the opponents of ``split`` (default ``eval.split``; ``all``: training and
+    held-out), per episode and per opponent. The tables go to ``out_dir`` (default
+    ``paths.evaluations/<run>/<checkpoint>``, or ``paths.start_evaluation``) and, with
+    ``report``, the report beside them, with a checkpoint compared to the starting policy."""
     settings = settings_for(overrides, config_file)
     split = split or settings.eval.split
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
-    ref = checkpoint_ref(settings, checkpoint)
+    if start and checkpoint:
+        raise ValueError("give a checkpoint or start=True (the starting policy), not both")
+    ref = None if start else checkpoint_ref(settings, checkpoint)
     directory = Path(out_dir) if out_dir else default_evaluation_dir(settings, ref)
-    tables = play(settings, ref, SPLITS[split], directory)
     if not report:
-        return {"directory": str(directory), "tables": tables}
-    return report_on(settings, tables, ref, directory, f"{settings.run_name}-evaluation")
+        return {"directory": str(directory), "tables": play(settings, ref, SPLITS[split], directory)}
+    return evaluate_and_report(settings, ref, SPLITS[split], directory, f"{settings.run_name}-evaluation")
 
 
 @flow(name="report")
 def report(overrides: list[str] | None = None, config_file: str | None = None, evaluation_dir: str | None = None,
-           out_dir: str | None = None) -> dict[str, Any]:
-    """The generalisation report of the evaluation tables in ``evaluation_dir`` (default: those of
-    the run's final checkpoint), written to ``out_dir`` (default ``paths.report``): JSON metrics,
-    a Markdown table and plots (learning curves, success by episode per opponent)."""
+           out_dir: str | None = None, start_dir: str | None = None) -> dict[str, Any]:
+    """The report of the evaluation tables in ``evaluation_dir`` (default: those of the run's
+    final checkpoint) beside the starting policy's in ``start_dir`` (default
+    ``paths.start_evaluation``, if it holds the same splits), written to ``out_dir`` (default
+    ``paths.report``): JSON, metrics, Markdown and plots (gains over the start, success by
+    episode, learning curves)."""
     settings = settings_for(overrides, config_file)
     ref = checkpoint_ref(settings, None)
     source = Path(evaluation_dir) if evaluation_dir else default_evaluation_dir(settings, ref)
-    tables = {split: FileRef.of(source / f"{split}.parquet") for split in ("train", "held_out")
-              if (source / f"{split}.parquet").is_file()}
+    tables = tables_in(source)
     if not tables:
         raise FileNotFoundError(f"no evaluation table (train.parquet, held_out.parquet) in {source}")
-    target = Path(out_dir) if out_dir else Path(settings.paths.get("report", "artifacts/report"))
-    return report_on(settings, tables, ref, target, f"{settings.run_name}-report")
+    start = tables_in(Path(start_dir) if start_dir else default_evaluation_dir(settings, None))
+    if start_dir and set(start) != set(tables):
+        raise FileNotFoundError(f"{start_dir} holds the starting policy's {sorted(start) or 'no'} tables, "
+                                f"the report needs {sorted(tables)}")
+    if ref is None or set(start) != set(tables):
+        start = {}
+    target = Path(out_dir) if out_dir else Path(settings.paths["report"])
+    written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start)
+    # the headline numbers where git (and so `dvc exp show`) tracks them: the latest report's
+    io.write_json(settings.paths["metrics"], written["metrics"])
+    return written
 
 
 @flow(name="nightly_evaluation")
-def nightly_evaluation(overrides: list[str] | None = None, config_file: str | None = None) -> dict[str, Any]:
-    """The newest checkpoint under ``flow.nightly_runs`` (default ``paths.runs``) against the
-    held-out population; the report is kept per night under ``paths.nightly/<date>``."""
+def nightly_evaluation(overrides: list[str] | None = None, config_file: str | None = None,
+                       run: str | None = None) -> dict[str, Any]:
+    """The final checkpoint of run ``run`` (default ``flow.nightly_run``, else the configured
+    ``run.name``) against the held-out population; the report is kept per night under
+    ``paths.nightly/<date>/<run>``."""
     from prefect.runtime import flow_run
 
     settings = settings_for(overrides, config_file)
-    root = settings.flow.nightly_runs or settings.paths.get("runs", "artifacts/runs")
-    newest = newest_checkpoint(root)
-    if newest is None:
-        logger().warning(f"no checkpoint under {root}: evaluating the base model")
+    run = run or settings.flow.nightly_run or settings.run_name
+    if not run or "/" in run or "\\" in run or run in (".", ".."):
+        raise ValueError(f"run must be the plain name of a run under {RunPaths.of(settings).root.parent}, got {run!r}")
+    ref = checkpoint_ref(settings, None, run)
+    if ref is None:
+        logger().warning(f"run {run} has no checkpoint under {RunPaths.of(settings).root.parent / run}: "
+                         "evaluating the base model")
     from zoneinfo import ZoneInfo
-
-    from flows.deploy import local_timezone
 
     zone = ZoneInfo(settings.flow.timezone or local_timezone())
     scheduled = flow_run.scheduled_start_time  # the night it was scheduled for, in the schedule's zone
     night = (scheduled or datetime.now(zone)).astimezone(zone).strftime("%Y-%m-%d")
-    out_dir = Path(settings.paths.get("nightly", "artifacts/nightly")) / night
-    ref = FileRef.of(newest.path, "checkpoint") if newest else None
-    logger().info(f"nightly evaluation {night}: {ref.path if ref else 'base model'} -> {out_dir}")
-    return evaluate_and_report(settings, ref, ("held_out",), out_dir, f"nightly-{night}")
+    out_dir = Path(settings.paths.get("nightly", "artifacts/nightly")) / night / run
+    logger().info(f"nightly evaluation {night} of run {run}: {ref.path if ref else 'the base model'} -> {out_dir}")
+    return evaluate_and_report(settings, ref, ("held_out",), out_dir, f"nightly-{night}-{run}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows.common import configured, logger, settings_for
-from tasks import prepare_model as prepare_model_task
+from tasks.model import prepare_model as prepare_model_task
 from tasks.refs import FileRef
 
 
@@ -20,6 +20,13 @@ def prepare_model(overrides: list[str] | None = None, config_file: str | None = 
     model = configured(prepare_model_task, settings.flow)(settings.raw)
     preset = Path(model.path) / "preset.json"
     if preset.is_file():  # the tiny preset describes how its warm start plays
-        logger().info(f"{model.path}: {json.dumps(json.loads(preset.read_text()).get('warm_start'))}")
+        check = json.loads(preset.read_text()).get("warm_start") or {}
+        for split in ("train", "held_out"):
+            pooled = (check.get(split) or {}).get("all")
+            if pooled:
+                logger().info(
+                    f"warm start against the {split} opponents: final-episode win rate {pooled['final_win_rate']:.2f} "
+                    f"(ceiling {pooled['max_win_probability']:.2f}), draw rate {pooled['final_draw_rate']:.2f}, "
+                    f"invalid rate {pooled['invalid_rate']:.3f} ({pooled['meta_episodes']} meta-episodes)")
     logger().info(f"model ready: {model.path} (sha256 {model.sha256[:12]})")
     return model

@@ -6,7 +6,7 @@ from prefect import flow
 
 from flows.common import configured, logger, settings_for
 from mage.population import load_manifest
-from tasks import seed_population as seed_population_task
+from tasks.population import seed_population as seed_population_task
 from tasks.refs import FileRef
 
 

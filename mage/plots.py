@@ -19,29 +19,71 @@ def _pyplot():
 
 
 def plot_success_by_episode(report: Mapping[str, Any], path: str | Path) -> Path:
-    """pass@k and the win rate of episode k per opponent, one panel per split, with each
-    opponent's ceiling (max win probability) as a dotted line in the same colour."""
+    """pass@k per opponent with its 95% interval, one panel per split: the evaluated policy
+    solid, the starting policy dashed (when it was evaluated), and the ceiling of pass@k
+    dotted, all in the opponent's colour."""
     plt = _pyplot()
     splits = list(report["splits"])
-    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.4), squeeze=False)
     for ax, split in zip(axes[0], splits):
-        rows = report["splits"][split]["episodes"]
+        body = report["splits"][split]
+        rows = body["episodes"]
+        start = body.get("start", {}).get("episodes", [])
         opponents = sorted({r["opponent"] for r in rows})
         colours = plt.get_cmap("tab10")
         for index, opponent in enumerate(opponents):
             mine = sorted((r for r in rows if r["opponent"] == opponent), key=lambda r: r["episode"])
             ks = [r["episode"] for r in mine]
             colour = colours(index % 10)
-            width = 2.5 if opponent == "all" else 1.5
-            ax.plot(ks, [r["pass_at_k"] for r in mine], marker="o", color=colour, linewidth=width, label=f"{opponent} pass@k")
-            ax.plot(ks, [r["win_rate"] for r in mine], marker="x", linestyle="--", color=colour, alpha=0.6)
-            if mine and mine[0].get("max_win_probability") is not None:
-                ax.axhline(mine[0]["max_win_probability"], color=colour, linestyle=":", alpha=0.7)
-        ax.set_title(f"{split}: success by episode (solid pass@k, dashed win rate of k, dotted ceiling)", fontsize=9)
+            width = 2.5 if opponent == "all" else 1.4
+            low = [max(0.0, r["pass_at_k"] - r["pass_at_k_ci"][0]) for r in mine]
+            high = [max(0.0, r["pass_at_k_ci"][1] - r["pass_at_k"]) for r in mine]
+            ax.errorbar(ks, [r["pass_at_k"] for r in mine], yerr=[low, high], marker="o", color=colour,
+                        linewidth=width, capsize=3, label=opponent)
+            before = sorted((r for r in start if r["opponent"] == opponent), key=lambda r: r["episode"])
+            if before:
+                ax.plot([r["episode"] for r in before], [r["pass_at_k"] for r in before], linestyle="--",
+                        color=colour, alpha=0.6, linewidth=1)
+            ax.plot(ks, [r["pass_at_k_ceiling"] for r in mine], linestyle=":", color=colour, alpha=0.8)
+        ax.set_title(f"{split}: pass@k (solid, 95% CI), at the start (dashed), ceiling (dotted)", fontsize=9)
         ax.set_xlabel("episode k")
-        ax.set_ylabel("rate")
+        ax.set_ylabel("won within the first k episodes")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_gains(report: Mapping[str, Any], path: str | Path) -> Path:
+    """Did it learn? Per opponent, the final-episode win rate (and win-or-draw rate where
+    draws happen) at the start and now, with the 95% interval of the paired gain."""
+    plt = _pyplot()
+    splits = [s for s, body in report["splits"].items() if "gains" in body]
+    fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.4), squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        rows = report["splits"][split]["gains"]
+        names = [r["opponent"] for r in rows]
+        x = range(len(rows))
+        ax.bar([i - 0.2 for i in x], [r["final_win_rate_start"] for r in rows], width=0.4, color="tab:gray",
+               label="start: final-episode win rate")
+        now = [r["final_win_rate"] for r in rows]
+        gain_ci = [r["final_win_rate_gain_ci"] for r in rows]
+        # the interval of the gain, drawn around the evaluated policy's bar
+        low = [max(0.0, r["final_win_rate_gain"] - ci[0]) for r, ci in zip(rows, gain_ci)]
+        high = [max(0.0, ci[1] - r["final_win_rate_gain"]) for r, ci in zip(rows, gain_ci)]
+        ax.bar([i + 0.2 for i in x], now, width=0.4, color="tab:blue", yerr=[low, high], capsize=3,
+               label="evaluated (error bar: 95% CI of the gain)")
+        if any(r["final_win_or_draw_rate"] != r["final_win_rate"] for r in rows):
+            ax.scatter([i + 0.2 for i in x], [r["final_win_or_draw_rate"] for r in rows], marker="_", s=300,
+                       color="tab:green", label="evaluated: win or draw", zorder=3)
+            ax.scatter([i - 0.2 for i in x], [r["final_win_or_draw_rate_start"] for r in rows], marker="_", s=300,
+                       color="darkgreen", label="start: win or draw", zorder=3)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=7)
+        ax.set_ylim(0, 1.05)
+        ax.set_title(f"{split}: final-episode success, start vs evaluated", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return _save(fig, path)

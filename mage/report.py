@@ -1,26 +1,25 @@
-"""The generalisation report of a checkpoint (MAGE-SPEC section 7).
+"""The generalisation report of a checkpoint beside the policy it started from (MAGE-SPEC 7).
 
-Input: evaluation trajectory tables (one per opponent split) and the population manifest.
-Output, per opponent and per episode k:
+Input: evaluation trajectory tables per opponent split, of the evaluated checkpoint and
+(optionally) of the starting policy (the tiny warm start, or a hub preset's base model),
+both played on the same fixed initial states; and the population manifest. Output, per
+split and per opponent (and pooled, ``all``):
 
-* ``win_rate``, ``draw_rate``, ``mean_return`` over the meta-episodes that played k, and
-  ``pass_at_k`` (won within the first k episodes) over all of them;
-* the ceilings of what was actually played: ``max_win_probability`` (what a player who sees
-  everything wins) and ``best_response_return`` (OpenSpiel's best response, scaled), each
-  averaged over the evaluated meta-episodes. Where the manifest has the exact win ceiling
-  of every initial state (opponents with an explicit policy), a meta-episode counts with
-  the ceiling of its own deal and seat: sixteen deals are not the average deal. Otherwise
-  (Monte-Carlo ceilings, Sokoban) the seat's ceiling is used;
-* ``pass_at_k_vs_ceiling`` = pass@k / max win probability and ``return_vs_ceiling`` =
-  mean return / best-response return (null where that ceiling is below
-  ``MIN_RETURN_CEILING``: a ratio to a loss, to zero or to nearly zero says nothing; against
-  an equilibrium opponent a best response earns only the game's value, 0 over both Kuhn
-  seats);
-* ``invalid_rate`` of the play calls.
+* first- and final-episode win rate, the final draw and win-or-draw rates, mean returns,
+  the first-to-final gain (the exploration-exploitation gain), the invalid-action rate;
+* ceilings of what was actually played, **per k**: with early stop the final episode's
+  success is pass@N, and the ceiling of pass@k is the mean over the evaluated initial
+  states s of ``1 - (1 - p_s)^k``, p_s being s's best single-episode win probability (exact
+  per deal and seat where the manifest has it, else the seat's figure: Monte Carlo against
+  MCTS). ``final_win_vs_ceiling`` divides by the ceiling of the final episode's k;
+  ``final_return_vs_ceiling`` by OpenSpiel's best-response return (null below
+  ``MIN_RETURN_CEILING``: a ratio to a loss or to nearly zero says nothing);
+* 95% intervals: Wilson for every rate (``<name>_ci``), a group bootstrap for mean returns
+  and for paired differences (groups share an initial state, so they are the unit);
+* with the starting policy: its figures and the gain over it, paired by initial state.
 
-Per opponent, the exploration-exploitation gain: final (last played) episode against the
-first, in win rate and mean return. Everything here is a pure function of the tables and
-the manifest, so the report's numbers can be recomputed from the trajectory table alone.
+Everything is a pure function of the tables and the manifest (bootstrap seeds are fixed),
+so the report's numbers can be recomputed from the trajectory tables alone.
 """
 
 from __future__ import annotations
@@ -29,197 +28,260 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from mage import io
-from mage.rollout.metrics import ALL, final_episode_metrics, rollout_metrics
+from mage.rollout.metrics import ALL, episode_outcomes, rollout_metrics
+from mage.stats import group_bootstrap, wilson
 
-CEILINGS = ("max_win_probability", "best_response_return")
+MIN_RETURN_CEILING = 0.1  # return units (episode returns are +-5..10): below it a ratio only amplifies noise
+META = ["run_id", "iteration", "meta_id"]
+#: Rates of a meta-episode summary (0/1 per meta-episode), with their Wilson intervals.
+RATES = ("first_win_rate", "final_win_rate", "final_draw_rate", "final_win_or_draw_rate")
+#: Figures compared with the starting policy, paired by initial state.
+COMPARED = ("final_win_rate", "final_win_or_draw_rate", "final_mean_return", "first_win_rate", "invalid_rate")
 
 
-def seat_ceilings(manifest: Mapping[str, Any]) -> pl.DataFrame:
-    """One row per (opponent, seat) with its ceilings (Sokoban: one seat, 0)."""
-    rows = []
+# -- ceilings ------------------------------------------------------------------------------
+def _seat_figures(manifest: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    figures = {}
     for opponent in manifest["opponents"]:
-        for seat_key, figures in opponent["ceilings"].items():
-            if not seat_key.startswith("seat_"):
-                continue
-            rows.append({
-                "opponent": opponent["id"],
-                "split": opponent["split"],
-                "seat": int(seat_key.removeprefix("seat_")),
-                **{name: float(figures[name]["value"]) for name in CEILINGS},
-                "ceiling_method": figures["max_win_probability"]["method"],
-            })
-    return pl.DataFrame(rows)
+        for seat, values in opponent["ceilings"].items():
+            if seat.startswith("seat_"):
+                figures[(opponent["id"], int(seat.removeprefix("seat_")))] = values
+    return figures
 
 
-def initial_state_win_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
-    """Per evaluated meta-episode, the exact win ceiling of its own initial state, where the
-    manifest has it (columns run_id, iteration, meta_id, state_win_ceiling)."""
+def meta_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
+    """Per evaluated meta-episode: ``p_win`` (its initial state's best single-episode win
+    probability), ``best_response_return`` and how ``p_win`` is known (``ceiling_method``)."""
     from mage.ceilings import state_key
     from mage.games import InitialState, make_game
 
-    per_state = {
-        (o["id"], int(seat.removeprefix("seat_"))): figures["max_win_probability"].get("per_initial_state")
-        for o in manifest["opponents"] for seat, figures in o["ceilings"].items() if seat.startswith("seat_")
-    }
+    figures = _seat_figures(manifest)
     games: dict[str, Any] = {}
     rows = []
-    metas = table.select("run_id", "iteration", "meta_id", "opponent", "seat", "initial_state").unique(
-        subset=["run_id", "iteration", "meta_id"], keep="first"
-    )
+    metas = table.select(*META, "opponent", "seat", "initial_state").unique(subset=META, keep="first")
     for meta in metas.iter_rows(named=True):
-        values = per_state.get((meta["opponent"], meta["seat"]))
-        value = None
-        if values:
+        seat = figures.get((meta["opponent"], meta["seat"]))
+        if seat is None:
+            raise ValueError(f"the population manifest has no ceilings for opponent {meta['opponent']!r} "
+                             f"in seat {meta['seat']}: re-seed it (python -m flows seed_population)")
+        win = seat["max_win_probability"]
+        p_win, method = float(win["value"]), win["method"]
+        per_state = win.get("per_initial_state")
+        if per_state:
             initial = InitialState.from_json(meta["initial_state"])
             game = games.setdefault(initial.game, make_game(initial.game))
             state = game.openspiel_state(initial)
-            value = values.get(state_key(state)) if state is not None else None
-        rows.append({"run_id": meta["run_id"], "iteration": meta["iteration"], "meta_id": meta["meta_id"],
-                     "state_win_ceiling": value})
-    schema = {"run_id": pl.String, "iteration": pl.Int64, "meta_id": pl.Int64, "state_win_ceiling": pl.Float64}
+            key = state_key(state) if state is not None else None
+            if key in per_state:
+                p_win, method = float(per_state[key]), "exact, per initial state"
+        rows.append({**{k: meta[k] for k in META}, "p_win": p_win, "ceiling_method": method,
+                     "best_response_return": float(seat["best_response_return"]["value"])})
+    schema = {"run_id": pl.String, "iteration": pl.Int64, "meta_id": pl.Int64, "p_win": pl.Float64,
+              "ceiling_method": pl.String, "best_response_return": pl.Float64}
     return pl.DataFrame(rows, schema=schema)
 
 
-def _played_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
-    """Ceilings per opponent averaged over its evaluated meta-episodes (per initial state where known)."""
-    metas = table.select("run_id", "iteration", "meta_id", "opponent", "seat").unique()
-    joined = metas.join(seat_ceilings(manifest), on=["opponent", "seat"], how="left")
-    missing = joined.filter(pl.col("max_win_probability").is_null())["opponent"].unique().to_list()
-    if missing:
-        raise ValueError(f"the population manifest has no ceilings for opponent(s) {missing}")
-    exact = initial_state_win_ceilings(table, manifest)
-    joined = joined.join(exact, on=["run_id", "iteration", "meta_id"], how="left").with_columns(
-        pl.col("state_win_ceiling").is_not_null().all().over("opponent").alias("_per_state"),
-    ).with_columns(
-        pl.when(pl.col("_per_state")).then(pl.col("state_win_ceiling")).otherwise(pl.col("max_win_probability"))
-        .alias("max_win_probability"),
-        pl.when(pl.col("_per_state")).then(pl.lit("exact, per initial state")).otherwise(pl.col("ceiling_method"))
-        .alias("ceiling_method"),
+def pass_ceiling(p_win: np.ndarray, k: int) -> float:
+    """Ceiling of pass@k: mean over initial states of 1 - (1 - p_s)^k."""
+    return float(np.mean(1.0 - (1.0 - p_win) ** k)) if len(p_win) else float("nan")
+
+
+# -- per meta-episode ----------------------------------------------------------------------
+def meta_summaries(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
+    """One row per meta-episode: first and final (last played) episode, invalid calls, the
+    ceilings of its initial state, and its group (the bootstrap's unit)."""
+    outcomes = episode_outcomes(table)
+    ends = outcomes.group_by(META).agg(
+        pl.col("opponent").first(),
+        pl.col("group_id").first(),
+        pl.col("seat").first(),
+        pl.col("won").sort_by("episode").first().cast(pl.Float64).alias("first_won"),
+        pl.col("episode_return").sort_by("episode").first().alias("first_return"),
+        pl.col("won").sort_by("episode").last().cast(pl.Float64).alias("final_won"),
+        pl.col("draw").sort_by("episode").last().cast(pl.Float64).alias("final_draw"),
+        pl.col("episode_return").sort_by("episode").last().alias("final_return"),
+        pl.col("episode").max().alias("episodes_played"),
     )
-    per_opponent = joined.group_by("opponent").agg(
-        pl.col("split").first(), pl.col("ceiling_method").first(), *[pl.col(c).mean() for c in CEILINGS]
-    )
-    pooled = joined.select(
-        pl.lit(ALL).alias("opponent"), pl.lit("mixed").alias("split"), pl.lit("mixed").alias("ceiling_method"),
-        *[pl.col(c).mean() for c in CEILINGS],
-    )
-    return pl.concat([per_opponent, pooled])
-
-
-MIN_RETURN_CEILING = 0.1  # return units (episode returns are +-5..10): below it a ratio only amplifies noise
-
-
-def _ratio(value: str, ceiling: str, floor: float = 1e-9) -> pl.Expr:
-    return pl.when(pl.col(ceiling) >= floor).then(pl.col(value) / pl.col(ceiling)).otherwise(None)
-
-
-def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
-    """Per opponent (and ``all``) and episode k: outcomes, pass@k, ceilings and ratios."""
-    ceilings = _played_ceilings(table, manifest)
+    play = table.filter(pl.col("phase") == "play").group_by(META).agg(
+        pl.len().alias("play_calls"), (~pl.col("valid")).sum().cast(pl.Float64).alias("invalid_calls"))
+    initial = table.select(*META, "initial_state").unique(subset=META, keep="first")
     return (
-        rollout_metrics(table)
-        .join(ceilings, on="opponent", how="left")
+        ends.join(play, on=META, how="left").join(initial, on=META, how="left")
+        .join(meta_ceilings(table, manifest), on=META, how="left")
         .with_columns(
-            _ratio("pass_at_k", "max_win_probability").alias("pass_at_k_vs_ceiling"),
-            _ratio("mean_return", "best_response_return", MIN_RETURN_CEILING).alias("return_vs_ceiling"),
+            (pl.col("final_won") + pl.col("final_draw")).alias("final_won_or_drew"),
+            pl.col("play_calls").fill_null(0), pl.col("invalid_calls").fill_null(0.0),
         )
-        .sort(pl.col("opponent") == ALL, "split", "opponent", "episode")
+        .sort(*META)
     )
 
 
-def per_opponent(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
-    """Per opponent: first vs final episode (the exploration-exploitation gain), ceilings, invalid rate."""
-    ceilings = _played_ceilings(table, manifest)
-    play = table.filter(pl.col("phase") == "play")
-    invalid = pl.concat([
-        play.group_by("opponent").agg((1.0 - pl.col("valid").cast(pl.Float64).mean()).alias("invalid_rate")),
-        play.select(pl.lit(ALL).alias("opponent"), (1.0 - pl.col("valid").cast(pl.Float64).mean()).alias("invalid_rate")),
-    ])
-    return (
-        final_episode_metrics(table)
-        .join(ceilings, on="opponent", how="left")
-        .join(invalid, on="opponent", how="left")
-        .with_columns(
-            _ratio("final_win_rate", "max_win_probability").alias("final_win_vs_ceiling"),
-            _ratio("final_mean_return", "best_response_return", MIN_RETURN_CEILING).alias("final_return_vs_ceiling"),
-        )
-        .sort(pl.col("opponent") == ALL, "split", "opponent")
-    )
+def _groups(frame: pl.DataFrame, value: str, count: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (opponent, group id): the sum of ``value`` and the count (rows or ``count``)."""
+    summed = frame.group_by("opponent", "group_id").agg(
+        pl.col(value).sum().alias("s"), (pl.col(count).sum() if count else pl.len()).cast(pl.Float64).alias("n"))
+    summed = summed.filter(pl.col("n") > 0)
+    return summed["s"].to_numpy(), summed["n"].to_numpy()
 
 
-def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], about: Mapping[str, Any]) -> dict[str, Any]:
-    """The report as JSON-able data: ``about`` (checkpoint, config), then per split the
-    per-opponent summary and the per-episode table."""
-    report: dict[str, Any] = {"about": dict(about), "splits": {}}
+def _rate(successes: float, trials: int) -> tuple[float | None, list[float] | None]:
+    interval = wilson(successes, trials)
+    return (successes / trials if trials else None), (list(interval) if interval else None)
+
+
+def _ratio(value: float | None, ceiling: float | None, floor: float = 1e-9) -> float | None:
+    return None if value is None or ceiling is None or ceiling < floor else value / ceiling
+
+
+def summarise(metas: pl.DataFrame, label: str, episodes: int, early_stop: bool) -> dict[str, Any]:
+    """The report's row of one opponent (or of ``all``) from its meta-episode summaries."""
+    n = metas.height
+    row: dict[str, Any] = {"opponent": label, "meta_episodes": n}
+    for name, column in (("first_win_rate", "first_won"), ("final_win_rate", "final_won"),
+                         ("final_draw_rate", "final_draw"), ("final_win_or_draw_rate", "final_won_or_drew")):
+        row[name], row[f"{name}_ci"] = _rate(float(metas[column].sum()), n)
+    for name, column in (("first_mean_return", "first_return"), ("final_mean_return", "final_return")):
+        row[name] = float(metas[column].mean())
+        row[f"{name}_ci"] = list(group_bootstrap(*_groups(metas, column)))
+    gains = metas.with_columns((pl.col("final_won") - pl.col("first_won")).alias("d_win"),
+                               (pl.col("final_return") - pl.col("first_return")).alias("d_return"))
+    row["win_rate_gain"] = row["final_win_rate"] - row["first_win_rate"]
+    row["win_rate_gain_ci"] = list(group_bootstrap(*_groups(gains, "d_win")))
+    row["return_gain"] = row["final_mean_return"] - row["first_mean_return"]
+    row["return_gain_ci"] = list(group_bootstrap(*_groups(gains, "d_return")))
+    row["mean_episodes_played"] = float(metas["episodes_played"].mean())
+    calls = int(metas["play_calls"].sum())
+    row["invalid_rate"], row["invalid_rate_ci"] = _rate(float(metas["invalid_calls"].sum()), calls)
+    # ceilings of exactly the initial states played, per k
+    p_win = metas["p_win"].to_numpy()
+    final_k = episodes if early_stop else 1
+    row["max_win_probability"] = pass_ceiling(p_win, 1)
+    row["win_ceiling_final"] = pass_ceiling(p_win, final_k)
+    row["final_win_vs_ceiling"] = _ratio(row["final_win_rate"], row["win_ceiling_final"])
+    row["final_win_vs_ceiling_ci"] = (None if row["final_win_vs_ceiling"] is None else
+                                      [bound / row["win_ceiling_final"] for bound in row["final_win_rate_ci"]])
+    row["first_win_vs_ceiling"] = _ratio(row["first_win_rate"], row["max_win_probability"])
+    methods = sorted(set(metas["ceiling_method"].to_list()))
+    row["ceiling_method"] = methods[0] if len(methods) == 1 else "mixed"
+    row["best_response_return"] = float(metas["best_response_return"].mean())
+    row["final_return_vs_ceiling"] = _ratio(row["final_mean_return"], row["best_response_return"], MIN_RETURN_CEILING)
+    return row
+
+
+def per_opponent(table: pl.DataFrame, manifest: Mapping[str, Any], episodes: int, early_stop: bool = True
+                 ) -> list[dict[str, Any]]:
+    """Per opponent and pooled (``all`` last): see the module docstring."""
+    metas = meta_summaries(table, manifest)
+    rows = [summarise(frame, name, episodes, early_stop)
+            for (name,), frame in sorted(metas.group_by("opponent"), key=lambda item: item[0])]
+    return rows + [summarise(metas, ALL, episodes, early_stop)]
+
+
+def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per opponent (and ``all``) and episode k: outcomes, pass@k with its interval, the
+    ceiling of pass@k and the ratio, the return ratio, invalid rate."""
+    metas = meta_summaries(table, manifest)
+    p_wins = {name: frame["p_win"].to_numpy() for (name,), frame in metas.group_by("opponent")}
+    p_wins[ALL] = metas["p_win"].to_numpy()
+    returns = {name: float(frame["best_response_return"].mean()) for (name,), frame in metas.group_by("opponent")}
+    returns[ALL] = float(metas["best_response_return"].mean())
+    rows = []
+    for row in rollout_metrics(table).to_dicts():
+        k, name = row["episode"], row["opponent"]
+        wins = round(row["pass_at_k"] * row["meta_episodes"])
+        row["pass_at_k_ci"] = list(wilson(wins, row["meta_episodes"]) or ())
+        row["win_rate_ci"] = list(wilson(round(row["win_rate"] * row["played"]), row["played"]) or ())
+        row["pass_at_k_ceiling"] = pass_ceiling(p_wins[name], k)
+        row["pass_at_k_vs_ceiling"] = _ratio(row["pass_at_k"], row["pass_at_k_ceiling"])
+        row["best_response_return"] = returns[name]
+        row["return_vs_ceiling"] = _ratio(row["mean_return"], returns[name], MIN_RETURN_CEILING)
+        rows.append(row)
+    return rows
+
+
+# -- against the starting policy -----------------------------------------------------------
+def gains_over_start(final: pl.DataFrame, start: pl.DataFrame, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per opponent (and ``all``): each of ``COMPARED`` for the start and the evaluated policy
+    and their difference, with a bootstrap interval over initial states (the pairs)."""
+    key = ["opponent", "meta_id", "initial_state"]
+    columns = {"final_win_rate": "final_won", "final_win_or_draw_rate": "final_won_or_drew",
+               "final_mean_return": "final_return", "first_win_rate": "first_won"}
+
+    def per_meta(table: pl.DataFrame) -> pl.DataFrame:
+        return meta_summaries(table, manifest).select(*key, "group_id", *columns.values(), "invalid_calls", "play_calls")
+
+    evaluated = per_meta(final)
+    paired = evaluated.join(per_meta(start), on=key, how="inner", suffix="_start")
+    if paired.height != evaluated.height:
+        raise ValueError("the starting policy was not evaluated on the same initial states as the checkpoint "
+                         f"({paired.height} of {evaluated.height} meta-episodes pair up)")
+    rows = []
+    for name, frame in [*sorted(((n, f) for (n,), f in paired.group_by("opponent")), key=lambda x: x[0]), (ALL, paired)]:
+        row: dict[str, Any] = {"opponent": name, "pairs": frame.height}
+        for metric, column in columns.items():
+            diff = frame.with_columns((pl.col(column) - pl.col(f"{column}_start")).alias("d"))
+            row[f"{metric}_start"] = float(frame[f"{column}_start"].mean())
+            row[metric] = float(frame[column].mean())
+            row[f"{metric}_gain"] = row[metric] - row[f"{metric}_start"]
+            row[f"{metric}_gain_ci"] = list(group_bootstrap(*_groups(diff, "d")))
+        invalid = frame["invalid_calls"].sum() / max(frame["play_calls"].sum(), 1)
+        invalid_start = frame["invalid_calls_start"].sum() / max(frame["play_calls_start"].sum(), 1)
+        row["invalid_rate_start"], row["invalid_rate"] = float(invalid_start), float(invalid)
+        row["invalid_rate_gain"] = float(invalid - invalid_start)
+        rows.append(row)
+    return rows
+
+
+def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], about: Mapping[str, Any],
+                 episodes: int, early_stop: bool = True,
+                 start_tables: Mapping[str, pl.DataFrame] | None = None) -> dict[str, Any]:
+    """The report as JSON-able data: ``about`` (what was evaluated, and where it started),
+    then per split the per-opponent summary, the per-episode table and, with
+    ``start_tables``, the starting policy's summary and the gains over it."""
+    report: dict[str, Any] = {"about": dict(about) | {"episodes": episodes, "early_stop": early_stop}, "splits": {}}
     for split, table in tables.items():
-        report["splits"][split] = {
-            "opponents": per_opponent(table, manifest).to_dicts(),
-            "episodes": per_episode(table, manifest).to_dicts(),
-        }
+        body = {"opponents": per_opponent(table, manifest, episodes, early_stop), "episodes": per_episode(table, manifest)}
+        if start_tables is not None and split in start_tables:
+            start = start_tables[split]
+            body["start"] = {"opponents": per_opponent(start, manifest, episodes, early_stop),
+                             "episodes": per_episode(start, manifest)}
+            body["gains"] = gains_over_start(table, start, manifest)
+        report["splits"][split] = body
     return report
 
 
 def headline_metrics(report: Mapping[str, Any]) -> dict[str, float]:
-    """The few numbers ``dvc exp show`` and dashboards compare: per split, pooled over
-    opponents, final-episode win rate, mean return, gain, invalid rate and the ratio to the ceiling."""
+    """What ``dvc exp show`` compares, per split pooled over its opponents: the final-episode
+    win rate (and win-or-draw rate), its ratio to the ceiling, the gain over the starting
+    policy, the first-to-final gain, the mean return and the invalid rate."""
     out: dict[str, float] = {}
     for split, body in report["splits"].items():
-        for row in body["opponents"]:
-            prefix = f"{split}/{row['opponent']}"
-            for name in ("final_win_rate", "final_mean_return", "win_rate_gain", "return_gain", "invalid_rate",
-                         "final_win_vs_ceiling"):
-                if row.get(name) is not None:
-                    out[f"{prefix}/{name}"] = round(float(row[name]), 6)
+        pooled = next(r for r in body["opponents"] if r["opponent"] == ALL)
+        for name in ("final_win_rate", "final_win_or_draw_rate", "final_win_vs_ceiling", "win_rate_gain",
+                     "final_mean_return", "invalid_rate"):
+            if pooled.get(name) is not None:
+                out[f"{split}/{name}"] = round(float(pooled[name]), 6)
+        gains = next((r for r in body.get("gains", []) if r["opponent"] == ALL), None)
+        if gains is not None:
+            out[f"{split}/start_final_win_rate"] = round(gains["final_win_rate_start"], 6)
+            for metric, name in (("final_win_rate", "gain_over_start"),
+                                 ("final_win_or_draw_rate", "win_or_draw_gain_over_start")):
+                out[f"{split}/{name}"] = round(gains[f"{metric}_gain"], 6)
+                if gains[f"{metric}_gain_ci"]:  # the 95% interval: a gain counts when low > 0
+                    low, high = gains[f"{metric}_gain_ci"]
+                    out[f"{split}/{name}_low"], out[f"{split}/{name}_high"] = round(low, 6), round(high, 6)
     return out
-
-
-def _fmt(value: Any, digits: int = 2, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
-    return str(value)
-
-
-def to_markdown(report: Mapping[str, Any]) -> str:
-    """Markdown tables a person reads: the summary per opponent, then per episode."""
-    about = report["about"]
-    lines = [f"# Evaluation report: {about.get('checkpoint', 'base model')}", ""]
-    lines += [f"- {key}: {value}" for key, value in about.items() if key != "checkpoint"]
-    for split, body in report["splits"].items():
-        lines += ["", f"## {split} opponents: first and final episode", "",
-                  "| opponent | meta-episodes | first win | final win | win gain | final return | return gain | "
-                  "ceiling (win) | final / ceiling | best-response return | invalid rate |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for r in body["opponents"]:
-            lines.append(
-                f"| {r['opponent']} | {r['meta_episodes']} | {_fmt(r['first_win_rate'])} | {_fmt(r['final_win_rate'])} | "
-                f"{_fmt(r['win_rate_gain'], signed=True)} | {_fmt(r['final_mean_return'], signed=True)} | "
-                f"{_fmt(r['return_gain'], signed=True)} | {_fmt(r['max_win_probability'])} | "
-                f"{_fmt(r['final_win_vs_ceiling'])} | {_fmt(r['best_response_return'], signed=True)} | "
-                f"{_fmt(r['invalid_rate'], 3)} |"
-            )
-        lines += ["", f"## {split} opponents: per episode k", "",
-                  "| opponent | k | played | win rate | draw rate | mean return | pass@k | pass@k / ceiling | "
-                  "return / ceiling | invalid rate |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in body["episodes"]:
-            lines.append(
-                f"| {r['opponent']} | {r['episode']} | {r['played']} | {_fmt(r['win_rate'])} | {_fmt(r['draw_rate'])} | "
-                f"{_fmt(r['mean_return'], signed=True)} | {_fmt(r['pass_at_k'])} | {_fmt(r['pass_at_k_vs_ceiling'])} | "
-                f"{_fmt(r['return_vs_ceiling'])} | {_fmt(r['invalid_rate'], 3)} |"
-            )
-    lines += ["", "Ceilings: `max_win_probability` is what a player who sees everything wins; "
-              "`best_response_return` is OpenSpiel's best response to the opponent (scaled like the episode "
-              "return); both are averaged over the seats played. Monte-Carlo ceilings (MCTS) are lower bounds."]
-    return "\n".join(lines) + "\n"
 
 
 def write_report(report: Mapping[str, Any], directory: str | Path, plots: bool = True,
                  history: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Path]:
     """Write ``report.json``, ``metrics.json`` (headline numbers), ``report.md`` and the plots."""
+    from mage.report_markdown import to_markdown
+
     directory = Path(directory)
     written = {
         "report": io.write_json(directory / "report.json", report),
@@ -227,9 +289,11 @@ def write_report(report: Mapping[str, Any], directory: str | Path, plots: bool =
         "markdown": io.write_text(directory / "report.md", to_markdown(report)),
     }
     if plots:
-        from mage.plots import plot_learning_curves, plot_success_by_episode
+        from mage.plots import plot_gains, plot_learning_curves, plot_success_by_episode
 
         written["success_by_episode"] = plot_success_by_episode(report, directory / "success_by_episode.png")
+        if any("gains" in body for body in report["splits"].values()):
+            written["gains"] = plot_gains(report, directory / "gains.png")
         if history:
             written["learning_curves"] = plot_learning_curves(history, directory / "learning_curves.png")
     return written

@@ -59,7 +59,9 @@ def build(kind: type, section: Mapping[str, Any] | None, where: str, **extra: An
 
 @dataclass(frozen=True)
 class TinyBuild:
-    """How the local ``tiny`` preset is built (tokenizer, architecture, behaviour cloning)."""
+    """How the local ``tiny`` preset is built (tokenizer, architecture, behaviour cloning).
+
+    The behaviour-cloning settings are chosen per game (``params/model_game/tiny/<game>.yaml``)."""
 
     vocab_size: int = 4096
     hidden_size: int = 128
@@ -70,18 +72,29 @@ class TinyBuild:
     max_position_embeddings: int = 4096
     seed: int = 0
     corpus_meta_episodes: int = 256  # scripted meta-episodes per game for the tokenizer corpus
-    bc_games: tuple[str, ...] = ("kuhn_poker",)
-    bc_rules: tuple[str, ...] = ("random",)  # scripted players the warm start imitates
-    bc_meta_episodes: int = 512  # per game
-    bc_epochs: int = 2
-    bc_learning_rate: float = 1e-3
+    # scripted players the warm start imitates: names or {rule: name, **params} (mage.backends.scripted)
+    bc_rules: tuple[str | dict[str, Any], ...] = ("random",)
+    bc_meta_episodes: int = 512
+    bc_short_steps: int = 0  # first phase: prompts cut to their last bc_context_tokens tokens
+    bc_short_batch_rows: int = 64
+    bc_context_tokens: int = 64
+    bc_steps: int = 270  # second phase: whole prompts
     bc_batch_rows: int = 32
+    bc_batches_by_prompt: bool = False  # whole-prompt batches cut in prompt order (shared prefixes)
+    bc_reflection_share: float | None = None  # of every batch's calls: reflections, over-sampled; None: as they come
+    bc_learning_rate: float = 1e-3
+    # preset.json's description of the warm start: evaluation-style rollouts per opponent
+    check_meta_episodes: int = 64  # per split
+    check_episodes: int = 3
+    check_seed: int = 1234
+    check_sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(0.7, 0.8, 20, 128))
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "bc_games", tuple(self.bc_games))
         object.__setattr__(self, "bc_rules", tuple(self.bc_rules))
         if self.vocab_size < 512:
             raise ValueError("model.tiny.vocab_size must be >= 512")
+        if self.bc_reflection_share is not None and not 0.0 < self.bc_reflection_share < 1.0:
+            raise ValueError(f"model.tiny.bc_reflection_share must be null or in (0, 1), got {self.bc_reflection_share!r}")
 
 
 @dataclass(frozen=True)
@@ -131,7 +144,7 @@ class FlowConfig:
     retry_delay_seconds: float = 2.0  # first retry delay; doubles with every retry
     nightly_cron: str = "0 2 * * *"  # the nightly evaluation's schedule
     timezone: str | None = None  # of the cron schedule; None: this machine's local zone
-    nightly_runs: str | None = None  # where the nightly evaluation looks for checkpoints (None: paths.runs)
+    nightly_run: str | None = None  # the run the nightly evaluation takes (None: run.name)
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:

@@ -55,3 +55,26 @@ def test_every_preset_and_the_paper_experiment_compose():
     a, b = load_settings(["model=qwen3_4b"]).model, load_settings(["model=qwen2_5_0_5b"]).model
     differing = {k for k in a.__dataclass_fields__ if getattr(a, k) != getattr(b, k)}
     assert differing <= {"name", "path", "local_dir", "dtype", "lora", "enable_thinking"}
+
+
+@pytest.mark.parametrize("game", ["kuhn_poker", "tic_tac_toe", "sokoban"])
+@pytest.mark.parametrize("scale", [[], ["+experiment=paper"]])
+def test_the_baselines_are_the_paper_s_at_mage_s_episode_budget(game, scale):
+    def composed(algo: str):
+        return load_settings([f"game={game}", f"algo={algo}", *scale])
+
+    def budget(settings) -> int:  # episodes played per iteration at most
+        engine = settings.engine
+        return engine.groups * engine.rollout.group_size * engine.rollout.episodes
+
+    mage = composed("mage")
+    assert (mage.algo.objective, mage.algo.estimator, mage.engine.rollout.episodes) == ("differential", "gigpo", 3)
+    for algo, objective, estimator in (("grpo", "single_episode", "grpo"), ("gigpo", "single_episode", "gigpo")):
+        settings = composed(algo)
+        assert (settings.algo.objective, settings.algo.estimator) == (objective, estimator)
+        assert settings.engine.rollout.episodes == 1  # single-episode RL: no reflection, no later episode
+        assert budget(settings) == budget(mage)
+        assert settings.train == mage.train and settings.eval == mage.eval  # nothing else differs
+    lamer = composed("lamer")
+    assert lamer.algo.objective == "cumulative" and lamer.engine == mage.engine
+    assert load_settings(["algo=grpo"]).algo.norm == "mean_std_norm"

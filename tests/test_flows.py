@@ -17,7 +17,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowR
 from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
 from safetensors.torch import load_file
 
-import tasks.pipeline
+import tasks.training
 from flows import evaluate, nightly_evaluation, train
 from mage.settings import SettingsError, load_settings
 from mage.train import checkpoint as ckpt
@@ -39,8 +39,8 @@ def overrides(model_dir: Path, artifacts: Path, *extra: str) -> list[str]:
     return [
         f"model.path={model_dir}", "model.build=null", "train.iterations=2", "train.learning_rate=1e-3",
         "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
-        "engine.sampling.max_new_tokens=6", "eval.groups_per_opponent=2", "eval.sampling.max_new_tokens=6",
-        f"paths.artifacts={artifacts}", "flow.retry_delay_seconds=0.05", *extra,
+        "engine.sampling.max_new_tokens=6", "eval.meta_episodes=4", "eval.sampling.max_new_tokens=6",
+        f"paths.artifacts={artifacts}", f"paths.results={artifacts}/results", "flow.retry_delay_seconds=0.05", *extra,
     ]
 
 
@@ -119,7 +119,7 @@ def test_a_result_whose_file_is_gone_is_computed_again(tiny_model_dir, tmp_path)
 
 
 def test_a_transient_failure_is_retried_and_the_flow_completes(tiny_model_dir, tmp_path, monkeypatch):
-    real = tasks.pipeline.score_iteration
+    real = tasks.training.score_iteration
     calls = {"n": 0}
 
     def flaky(settings, table):
@@ -128,7 +128,7 @@ def test_a_transient_failure_is_retried_and_the_flow_completes(tiny_model_dir, t
             raise OSError("simulated I/O hiccup")
         return real(settings, table)
 
-    monkeypatch.setattr(tasks.pipeline, "score_iteration", flaky)
+    monkeypatch.setattr(tasks.training, "score_iteration", flaky)
     state = train(overrides(tiny_model_dir, tmp_path, "train.iterations=1"), return_state=True)
     assert state.is_completed()
     runs = task_runs(state)
@@ -139,7 +139,7 @@ def test_a_programming_error_is_not_retried(tiny_model_dir, tmp_path, monkeypatc
     def broken(settings, table):
         raise ValueError("a bug, not a hiccup")
 
-    monkeypatch.setattr(tasks.pipeline, "score_iteration", broken)
+    monkeypatch.setattr(tasks.training, "score_iteration", broken)
     state = train(overrides(tiny_model_dir, tmp_path, "train.iterations=1"), return_state=True)
     assert state.is_failed()
     assert task_runs(state)["score-1"].run_count == 1
@@ -178,11 +178,22 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     assert held_out == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
     assert Path(result["files"]["success_by_episode"].path).stat().st_size > 0
 
+    # A newer run of another name: the nightly evaluation still takes the configured run, or
+    # the one it is given, never merely the newest checkpoint on disk.
+    other = [*args, "run.name=other", "train.iterations=1"]
+    train(other)
+    settings = load_settings(args)
     nightly = nightly_evaluation(args)
     directory = Path(nightly["directory"])
-    assert directory.parent == Path(load_settings(args).paths["nightly"])
+    assert directory.name == settings.run_name and directory.parent.parent == Path(settings.paths["nightly"])
     assert (directory / "report.md").is_file() and (directory / "held_out.parquet").is_file()
-    assert json.loads((directory / "report.json").read_text())["about"]["checkpoint"].endswith("ckpt-00002")
+    about = json.loads((directory / "report.json").read_text())["about"]
+    assert about["checkpoint"] == str(RunPaths.of(settings).checkpoints / "ckpt-00002")
+    named = nightly_evaluation(args, run="other")
+    about = json.loads((Path(named["directory"]) / "report.json").read_text())["about"]
+    assert about["checkpoint"] == str(RunPaths.of(load_settings(other)).checkpoints / "ckpt-00001")
+    with pytest.raises(ValueError, match="plain name"):
+        nightly_evaluation(args, run="../escape")
 
 
 def test_deployments_serve_every_flow_with_a_nightly_schedule(tiny_model_dir, tmp_path):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import polars as pl
 import pytest
 
-from mage.report import build_report, headline_metrics, to_markdown, write_report
+from mage.report import build_report, headline_metrics, write_report
+from mage.report_markdown import to_markdown
 from mage.rollout.schema import from_rows
 
 J, Q, K = 0, 1, 2
@@ -55,8 +57,15 @@ MANIFEST = {"opponents": [
 ]}
 
 
+def wilson_by_scipy(successes: int, trials: int) -> list[float]:
+    from scipy.stats import binomtest
+
+    interval = binomtest(successes, trials).proportion_ci(confidence_level=0.95, method="wilson")
+    return [float(interval.low), float(interval.high)]
+
+
 def test_per_opponent_summary_by_hand():
-    report = build_report({"train": TABLE}, MANIFEST, {"checkpoint": "ckpt-00003"})
+    report = build_report({"train": TABLE}, MANIFEST, {"checkpoint": "ckpt-00003"}, episodes=3)
     rows = {r["opponent"]: r for r in report["splits"]["train"]["opponents"]}
     a, b, pooled = rows["A"], rows["B"], rows["all"]
     assert (a["meta_episodes"], a["first_win_rate"], a["final_win_rate"]) == (2, 0.0, 1.0)
@@ -68,14 +77,47 @@ def test_per_opponent_summary_by_hand():
     assert a["final_win_vs_ceiling"] == 1.0
     assert a["final_return_vs_ceiling"] == pytest.approx(7.5 / 1.5)
     assert a["invalid_rate"] == pytest.approx(1 / 6)  # six play calls (three per meta-episode), one invalid
-    assert b["max_win_probability"] == 0.4 and b["final_win_vs_ceiling"] == 0.0
+    # B has only its seat's figure p = 0.4: one try 0.4, and with early stop the final episode is
+    # pass@3, whose ceiling is 1 - 0.6^3 = 0.784.
+    assert b["max_win_probability"] == 0.4 and b["win_ceiling_final"] == pytest.approx(0.784)
+    assert b["final_win_vs_ceiling"] == 0.0
     assert b["final_return_vs_ceiling"] is None  # a ratio to a negative ceiling says nothing
     assert pooled["meta_episodes"] == 3 and pooled["final_win_rate"] == pytest.approx(2 / 3)
     assert pooled["max_win_probability"] == pytest.approx((1.0 + 1.0 + 0.4) / 3)
+    assert pooled["win_ceiling_final"] == pytest.approx((1.0 + 1.0 + 0.784) / 3)
+    # Wilson intervals, against scipy's implementation
+    assert pooled["final_win_rate_ci"] == pytest.approx(wilson_by_scipy(2, 3))
+    assert a["first_win_rate_ci"] == pytest.approx(wilson_by_scipy(0, 2))
+    assert a["invalid_rate_ci"] == pytest.approx(wilson_by_scipy(1, 6))
+    assert pooled["final_win_vs_ceiling_ci"] == pytest.approx([x / pooled["win_ceiling_final"] for x in wilson_by_scipy(2, 3)])
+    # Bootstrap intervals of means resample groups: A's two final returns are 5 and 10
+    low, high = a["final_mean_return_ci"]
+    assert 5.0 <= low <= 7.5 <= high <= 10.0 and (low, high) == (5.0, 10.0)
+
+
+def test_without_early_stop_the_final_episode_has_the_one_try_ceiling():
+    rows = {r["opponent"]: r for r in build_report({"train": TABLE}, MANIFEST, {}, 3, early_stop=False)
+            ["splits"]["train"]["opponents"]}
+    assert rows["B"]["win_ceiling_final"] == pytest.approx(0.4)
+
+
+def test_a_three_try_success_against_a_stochastic_opponent_exceeds_the_one_try_ceiling_only_by_noise():
+    # Opponent C (seat figure p = 0.5): a meta-episode that wins its third episode has final
+    # success 1.0. Against one try's ceiling that reads 2.0; against 1 - 0.5^3 = 0.875 it reads
+    # 1.14, and the interval, from 0.21 / 0.875, shows that one sample says little.
+    table = from_rows([
+        row(7, "C", 0, [J, Q], 1, 1, ret=-5, won=False),
+        row(7, "C", 0, [J, Q], 2, 1, ret=-5, won=False),
+        row(7, "C", 0, [J, Q], 3, 1, ret=5, won=True),
+    ])
+    manifest = {"opponents": [{"id": "C", "split": "train", "ceilings": {"seat_0": seat(0.5, 1.0), "seat_1": seat(0.5, 1.0)}}]}
+    (c, _) = build_report({"train": table}, manifest, {}, 3)["splits"]["train"]["opponents"]
+    assert c["win_ceiling_final"] == pytest.approx(0.875) and c["final_win_vs_ceiling"] == pytest.approx(1 / 0.875)
+    assert c["final_win_vs_ceiling_ci"][0] < 1.0 < c["final_win_vs_ceiling_ci"][1]
 
 
 def test_per_episode_table_by_hand():
-    report = build_report({"train": TABLE}, MANIFEST, {})
+    report = build_report({"train": TABLE}, MANIFEST, {}, episodes=3)
     episodes = {(r["opponent"], r["episode"]): r for r in report["splits"]["train"]["episodes"]}
     # A: episode 1 played by both (0 wins), episode 2 by both (meta 0 wins), episode 3 by meta 1 only (wins)
     assert [episodes[("A", k)]["played"] for k in (1, 2, 3)] == [2, 2, 1]
@@ -85,6 +127,44 @@ def test_per_episode_table_by_hand():
     assert episodes[("A", 1)]["invalid_rate"] == pytest.approx(1 / 3)
     assert episodes[("A", 2)]["pass_at_k_vs_ceiling"] == 0.5
     assert episodes[("all", 3)]["pass_at_k"] == pytest.approx(2 / 3)
+    # the ceiling of pass@k follows k: B's p = 0.4 gives 0.4, 0.64, 0.784
+    assert [episodes[("B", k)]["pass_at_k_ceiling"] for k in (1, 2, 3)] == pytest.approx([0.4, 0.64, 0.784])
+    assert episodes[("all", 2)]["pass_at_k_ceiling"] == pytest.approx((1 + 1 + 0.64) / 3)
+    assert episodes[("A", 2)]["pass_at_k_ci"] == pytest.approx(wilson_by_scipy(1, 2))
+
+
+def start_of(table):
+    """The starting policy on the same initial states: every meta-episode loses all three episodes."""
+    rows = []
+    for meta, opponent, seat_, cards in ((0, "A", 0, [J, Q]), (1, "A", 1, [K, J]), (2, "B", 0, [Q, K])):
+        rows += [row(meta, opponent, seat_, cards, k, 1, ret=-5, won=False, valid=k != 1) for k in (1, 2, 3)]
+    return from_rows(rows).with_columns(pl.lit(0).alias("iteration"))
+
+
+def test_gains_over_the_starting_policy_by_hand():
+    report = build_report({"train": TABLE}, MANIFEST, {}, 3, start_tables={"train": start_of(TABLE)})
+    gains = {r["opponent"]: r for r in report["splits"]["train"]["gains"]}
+    a, pooled = gains["A"], gains["all"]
+    assert (a["pairs"], a["final_win_rate_start"], a["final_win_rate"], a["final_win_rate_gain"]) == (2, 0.0, 1.0, 1.0)
+    assert a["final_mean_return_gain"] == pytest.approx((5 + 10) / 2 - (-5))
+    assert pooled["final_win_rate_gain"] == pytest.approx(2 / 3)
+    # the start's invalid rate: episode 1 of each of 3 meta-episodes invalid, out of 9 calls
+    assert pooled["invalid_rate_start"] == pytest.approx(3 / 9) and pooled["invalid_rate"] == pytest.approx(1 / 9)
+    # gains resample the pairs: A's two pairs both gained 1.0, so its interval is [1, 1]
+    assert a["final_win_rate_gain_ci"] == [1.0, 1.0]
+    low, high = pooled["final_win_rate_gain_ci"]
+    assert 0.0 <= low < 2 / 3 < high <= 1.0
+    metrics = headline_metrics(report)
+    assert metrics["train/gain_over_start"] == pytest.approx(2 / 3) and metrics["train/start_final_win_rate"] == 0.0
+    # the start's own summary sits beside the evaluated one
+    start_rows = {r["opponent"]: r for r in report["splits"]["train"]["start"]["opponents"]}
+    assert start_rows["all"]["final_win_rate"] == 0.0 and start_rows["all"]["invalid_rate"] == pytest.approx(3 / 9)
+
+
+def test_a_start_evaluated_elsewhere_is_refused():
+    moved = start_of(TABLE).with_columns(pl.col("meta_id") + 100)
+    with pytest.raises(ValueError, match="same initial states"):
+        build_report({"train": TABLE}, MANIFEST, {}, 3, start_tables={"train": moved})
 
 
 def test_no_return_ratio_to_a_near_zero_ceiling():
@@ -92,22 +172,42 @@ def test_no_return_ratio_to_a_near_zero_ceiling():
     # Kuhn seats): -10 / 0.01 = -1000 would say nothing, so the ratio is null below 0.1.
     near_zero = {"opponents": [MANIFEST["opponents"][0], {"id": "B", "split": "train", "ceilings": {
         "seat_0": seat(0.4, 0.01), "seat_1": seat(0.6, 0.01)}}]}
-    rows = {r["opponent"]: r for r in build_report({"train": TABLE}, near_zero, {})["splits"]["train"]["opponents"]}
+    rows = {r["opponent"]: r for r in build_report({"train": TABLE}, near_zero, {}, 3)["splits"]["train"]["opponents"]}
     assert rows["B"]["best_response_return"] == pytest.approx(0.01)
     assert rows["B"]["final_return_vs_ceiling"] is None
     assert rows["A"]["final_return_vs_ceiling"] == pytest.approx(5.0)
 
 
 def test_written_report_files(tmp_path):
-    report = build_report({"train": TABLE}, MANIFEST, {"checkpoint": "ckpt-00003"})
+    report = build_report({"train": TABLE}, MANIFEST, {"checkpoint": "ckpt-00003"}, 3,
+                          start_tables={"train": start_of(TABLE)})
     history = [{"iteration": i, "rollout/all/final_win_rate": 0.1 * i, "rollout/A/final_win_rate": 0.2 * i,
                 "rollout/all/final_mean_return": i, "rollout/all/first_mean_return": -i, "rollout/invalid_rate": 0.01,
                 "train/kl": 0.001 * i, "train/loss": -0.1} for i in (1, 2, 3)]
     written = write_report(report, tmp_path, history=history)
     assert json.loads(written["report"].read_text()) == json.loads(json.dumps(report))
     metrics = json.loads(written["metrics"].read_text())
-    assert metrics == headline_metrics(report) and metrics["train/A/final_win_rate"] == 1.0
-    assert "| A | 2 | 0.00 | 1.00 | +1.00 |" in written["markdown"].read_text()
-    for name in ("success_by_episode", "learning_curves"):
+    assert metrics == headline_metrics(report) and metrics["train/final_win_rate"] == pytest.approx(2 / 3, abs=1e-6)
+    markdown = written["markdown"].read_text()
+    assert "| A | 2 | 0.00 | 1.00 | +1.00 [+1.00, +1.00] |" in markdown  # start, now, gain [CI]
+    for name in ("success_by_episode", "learning_curves", "gains"):
         assert written[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert to_markdown(report).startswith("# Evaluation report: ckpt-00003")
+
+
+def test_wilson_agrees_with_scipy_and_the_bootstrap_covers_the_mean():
+    import numpy as np
+
+    from mage.stats import group_bootstrap, wilson
+
+    for successes, trials in ((0, 10), (3, 10), (10, 10), (192, 384)):
+        assert list(wilson(successes, trials)) == pytest.approx(wilson_by_scipy(successes, trials))
+    assert wilson(0, 0) is None
+    # Two groups, one value each: resampled means are 0, 0.5 or 1, so the 95% interval spans [0, 1].
+    assert group_bootstrap([0.0, 1.0], [1, 1]) == (0.0, 1.0)
+    assert group_bootstrap([3.0], [2]) == (1.5, 1.5)
+    # Coverage: intervals of the mean of 60 draws from N(1, 1) cover 1 about 95% of the time.
+    rng = np.random.default_rng(7)
+    covered = sum(low <= 1.0 <= high for low, high in
+                  (group_bootstrap(rng.normal(1.0, 1.0, 60), np.ones(60), resamples=500, seed=s) for s in range(200)))
+    assert 0.88 <= covered / 200 <= 0.99

@@ -167,6 +167,40 @@ def test_tic_tac_toe_and_sokoban_rollouts():
     assert all(len(a.split(", ")) <= 3 for a in table["action"])
 
 
+def test_sokoban_wanderer_mixes_the_solver_with_random_moves():
+    from mage.backends.scripted import make_rule
+
+    sokoban = compose(["game=sokoban"])
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    # solver_probability 1 is the solver itself; 0 is a random walk of 3 moves a turn.
+    always, _ = run([spec], {"rule": "wanderer", "solver_probability": 1.0}, game_params=sokoban.game.params)
+    solver, _ = run([spec], "solver", game_params=sokoban.game.params)
+    assert always["action"].to_list() == solver["action"].to_list()
+    never, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.0}, RolloutConfig(group_size=1, early_stop=False),
+                   game_params=sokoban.game.params)
+    plays = never.filter(pl.col("phase") == "play")
+    assert plays["valid"].all() and all(len(a.split(", ")) == 3 for a in plays["action"] if a)
+    with pytest.raises(ValueError, match="known: \\['random', 'solver', 'wanderer'\\]"):
+        make_rule("sokoban", "timid")
+    with pytest.raises(ValueError, match="solver_probability must be in"):
+        make_rule("sokoban", {"rule": "wanderer", "solver_probability": 2})
+    with pytest.raises(ValueError, match="unknown scripted rule 'wanderer' for kuhn_poker"):
+        make_rule("kuhn_poker", "wanderer")
+
+
+def test_a_sokoban_row_s_anchor_leaves_out_the_move_counter():
+    sokoban = compose(["game=sokoban"])
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    table, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.0}, game_params=sokoban.game.params)
+    plays = table.filter(pl.col("phase") == "play")
+    assert plays["prompt"].str.contains("Moves made: ").all()
+    assert not plays["observation"].str.contains("Moves made").any()
+    # Episode 2 restarts the level: its first call has episode 1's first anchor, though its
+    # prompt differs (the earlier episode, the reflection).
+    firsts = plays.filter(pl.col("turn") == 1).sort("episode")
+    assert firsts["observation"][0] == firsts["observation"][1]
+
+
 def test_prompt_overflow_rules():
     spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
     # Word counts stand in for tokens with the scripted backend; rules + state take ~230.
@@ -203,7 +237,8 @@ def test_evaluation_gives_every_opponent_its_groups_whatever_its_training_share(
     from mage.evaluation import evaluate
     from mage.settings import load_settings
 
-    settings = load_settings(["eval.groups_per_opponent=6", "eval.episodes=1"])
+    # 48 meta-episodes for the split 'all' (8 opponents): 6 each, whatever the shares
+    settings = load_settings(["eval.meta_episodes=48", "eval.episodes=1"])
     cfg = settings.eval.__class__(**{**settings.eval.__dict__, "split": "all"})
     table = evaluate(settings, ScriptedBackend("random", seed=0), cfg, progress=False)
     metas = table.select("opponent", "meta_id", "seat").unique()
@@ -212,3 +247,7 @@ def test_evaluation_gives_every_opponent_its_groups_whatever_its_training_share(
                                     "bluffer", "calling_station", "random")}
     seats = dict(metas.group_by("seat").len().iter_rows())
     assert seats == {0: 24, 1: 24}  # half of every opponent's groups seated second
+    # 50 meta-episodes do not divide by 8: whole groups, at least 50 in all (7 each)
+    cfg = cfg.__class__(**{**cfg.__dict__, "meta_episodes": 50})
+    table = evaluate(settings, ScriptedBackend("random", seed=0), cfg, progress=False)
+    assert set(dict(table.select("opponent", "meta_id").unique().group_by("opponent").len().iter_rows()).values()) == {7}

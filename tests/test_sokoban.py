@@ -238,7 +238,7 @@ def test_deadlock_ends_episode_only_when_asked() -> None:
         episode = episode_for(level, end_on_deadlock=end_on_deadlock)
         episode.apply_agent_actions([RIGHT, UP])  # box pushed onto the dead right wall
         assert episode.deadlocked
-        assert "stuck" in episode.render_state()
+        assert "stuck" not in episode.render_state()  # the paper's prompt: no solver verdict
         assert episode.agent_return() == 0.0
         if end_on_deadlock:
             assert episode.is_terminal and episode.outcome() is Outcome.LOSS
@@ -248,6 +248,25 @@ def test_deadlock_ends_episode_only_when_asked() -> None:
         else:
             assert not episode.is_terminal and episode.outcome() is Outcome.ONGOING
             assert len(episode.history) == 2
+
+
+def test_the_deadlock_hint_is_an_option() -> None:
+    hinted = episode_for(Level.from_text(WALK_AROUND), deadlock_hint=True)
+    assert "stuck" not in hinted.render_state()
+    hinted.apply_agent_actions([RIGHT, UP])  # box pushed onto the dead right wall
+    assert "stuck" in hinted.render_state()
+
+
+def test_the_step_anchor_leaves_out_the_move_counter() -> None:
+    # The same board reached after 0 and after 2 moves (right then left: the player walks
+    # back): one anchor, while the prompt still shows how many moves were made.
+    episode = episode_for(Level.from_text(WALK_AROUND))
+    start_anchor, start_prompt = episode.observation(), episode.render_state()
+    episode.apply_agent_actions([UP, DOWN])
+    assert episode.observation() == start_anchor
+    assert episode.render_state() != start_prompt
+    assert "Moves made: 0." in start_prompt and "Moves made: 2." in episode.render_state()
+    assert "Moves made" not in episode.observation()
 
 
 def test_moves_after_solving_are_ignored() -> None:

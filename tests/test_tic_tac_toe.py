@@ -138,3 +138,27 @@ def test_opening_moves_are_part_of_the_snapshot():
     assert game.initial_state(seed=11) == initial
     episode = game.new_episode(initial, make("tic_tac_toe", "random"))
     assert episode.state.history()[:2] == initial.data["opening"]
+
+
+def test_the_beginner_takes_wins_and_blocks_only_sometimes():
+    beginner = make("tic_tac_toe", "beginner", p_win=0.5, p_block=0.4)
+    # X to move (X at A1, B1; O at B2): C1 wins. By hand: 0.5 on the win, the other 0.5 spread
+    # over all five empty cells (the win included), and no block is needed.
+    probs = beginner.action_probabilities(state_after("A1", "B2", "B1"), 0)
+    empty = ["C1", "A2", "C2", "A3", "B3", "C3"]
+    assert probs == pytest.approx({a: (0.5 if a == 2 else 0.0) + 0.5 / 6 for a in (2, 3, 5, 6, 7, 8)})
+    # O to move facing X's threat at C1 and with no win of its own: 0.4 on the block, 0.6 spread.
+    probs = beginner.action_probabilities(state_after("A1", "B2", "B1"), 1)
+    assert probs[2] == pytest.approx(0.4 + 0.6 / 6) and probs[3] == pytest.approx(0.6 / 6)
+    # Both a win and a threat: the win first (0.5), then the block (0.5 * 0.4), the rest uniform.
+    state = state_after("A1", "A2", "B1", "B2")  # X: A1 B1 (threat C1); O: A2 B2 (threat C2); X to move
+    probs = beginner.action_probabilities(state, 0)
+    rest = 0.5 * 0.6 / 5
+    assert probs[2] == pytest.approx(0.5 + rest) and probs[5] == pytest.approx(0.5 * 0.4 + rest)
+    assert sum(probs.values()) == pytest.approx(1.0) and set(probs) == set(state.legal_actions())
+    assert len(empty) == 6
+
+
+def test_the_beginner_checks_its_probabilities():
+    with pytest.raises(ValueError, match="p_win and p_block must be in"):
+        make("tic_tac_toe", "beginner", p_win=1.5)

@@ -9,16 +9,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from mage.models.build import build_tiny
 from mage.models.policy import load_policy
 from mage.settings import load_settings
-from mage.train.loop import ensure_model
+from mage.models.policy import ensure_model
 
 SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
          "model.tiny.vocab_size=512", "model.tiny.corpus_meta_episodes=16", "model.tiny.bc_meta_episodes=32",
-         "model.tiny.bc_epochs=1"]
+         "model.tiny.bc_steps=2", "model.tiny.bc_short_steps=2", "model.tiny.check_meta_episodes=2"]
 
 
 def test_build_gives_an_ordinary_model_directory(tmp_path):
     settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}"])
-    directory = build_tiny(settings.model, progress=False)
+    directory = build_tiny(settings, progress=False)
     assert directory == tmp_path / "models" / "tiny-kuhn_poker"
     model = AutoModelForCausalLM.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -28,11 +28,22 @@ def test_build_gives_an_ordinary_model_directory(tmp_path):
     tokens = tokenizer.convert_ids_to_tokens(tokenizer("<action>check</action>", add_special_tokens=False)["input_ids"])
     assert tokens[0] == "<action>" and tokens[-1] == "</action>"  # protocol tags are single tokens
     preset = json.loads((directory / "preset.json").read_text())
-    warm = preset["warm_start"]["kuhn_poker"]
-    assert 0 <= warm["invalid_rate"] <= 1 and 0 <= warm["final_win_rate"] <= 1 and warm["meta_episodes"] == 64
-    assert preset["build"]["bc_rules"] == ["timid"] and preset["parameters"] == sum(p.numel() for p in model.parameters())
+    # How the warm start plays, per opponent of both populations, with the ceiling beside it.
+    check = preset["warm_start"]
+    opponents = {"train": ["conservative", "aggressive", "intermediate"],
+                 "held_out": ["cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"]}
+    for split, names in opponents.items():
+        assert set(check[split]) == {*names, "all"}
+        for name in names:
+            row = check[split][name]
+            # 2 meta-episodes per split, shared by its opponents in whole groups: one each
+            assert row["meta_episodes"] == 1 and 0 <= row["invalid_rate"] <= 1 and 0 <= row["final_win_rate"] <= 1
+            assert 0 <= row["max_win_probability"] <= row["win_ceiling_final"] <= 1
+        assert check[split]["all"]["meta_episodes"] == len(names)
+    assert preset["game"] == "kuhn_poker" and preset["build"]["bc_rules"] == ["timid"]
+    assert preset["parameters"] == sum(p.numel() for p in model.parameters())
     # The same seed builds the same weights: a preset is reproducible from its config.
-    again = build_tiny(settings.model, tmp_path / "again", progress=False)
+    again = build_tiny(settings, tmp_path / "again", progress=False)
     assert (again / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()
 
 

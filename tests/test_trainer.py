@@ -153,7 +153,7 @@ def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
         f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=3", "train.learning_rate=1e-3",
         "train.lr_schedule=linear",  # a resumed run must also resume the schedule
         "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
-        "engine.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path}", *extra,
+        "engine.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *extra,
     ]))
 
 

@@ -37,7 +37,7 @@ def served(tmp_path, tiny_model_dir, prefect_server):
     overrides = [
         f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=1", "engine.groups=2",
         "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=6",
-        "eval.groups_per_opponent=1", "eval.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path / 'artifacts'}",
+        "eval.meta_episodes=2", "eval.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path / 'artifacts'}", f"paths.results={tmp_path / 'results'}",
     ]
     deploy = start_process([sys.executable, "-m", "flows.deploy", *overrides], env, tmp_path / "deploy.log", cwd=REPO)
     try:

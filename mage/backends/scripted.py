@@ -7,14 +7,22 @@ tiny preset's behaviour-cloning warm start learns from. For a play request it as
 short plan derived from the finished episode. ``invalid_rate`` makes it answer with a
 malformed reply now and then, so invalid-action handling can be exercised.
 
-A rule is any opponent of :mod:`mage.opponents` (for OpenSpiel games: it is asked for the
-agent's move, in the agent's seat), ``"solver"`` for Sokoban (the optimal solver's next
-moves) or ``"random"`` (uniform over the legal actions, any game).
+A rule (:func:`make_rule`) is named in config as a string, or as a mapping ``{rule: name,
+**params}``:
+
+* ``random``: uniform over the legal actions (any game);
+* an opponent of :mod:`mage.opponents` for OpenSpiel games, asked for the agent's move in
+  the agent's seat (Kuhn's ``timid``, Tic-Tac-Toe's ``beginner``, ...);
+* Sokoban: ``solver`` (the next moves of an optimal solution) and ``wanderer`` (each move
+  is the solver's with probability ``solver_probability``, else a random direction: it
+  solves short levels and wanders on long ones).
+
+A Python callable ``episode -> actions`` is accepted as well (tests use it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,13 +32,20 @@ from mage.backends.chat import format_prompt
 
 MALFORMED_REPLIES = ("I am not sure.", "<action>", "<action>fly</action>", "<remark>oops</remark>")
 
+#: A rule's move(s) in the live episode, drawn with the backend's generator.
+Rule = Callable[[Any, np.random.Generator], list[int]]
+
 
 def _move_names(episode: Any, actions: Sequence[int]) -> list[str]:
     names = {action: name for name, action in episode.legal_actions().items()}
     return [names[a] for a in actions]
 
 
-def solver_rule(episode: Any, moves_per_turn: int) -> list[int]:
+def random_rule(episode: Any, rng: np.random.Generator) -> list[int]:
+    return [int(rng.choice(sorted(episode.legal_actions().values())))]
+
+
+def solver_rule(episode: Any, rng: np.random.Generator | None = None) -> list[int]:
     """Sokoban: the next moves of an optimal solution from the current position."""
     from mage.games.sokoban import solve
     from mage.games.sokoban.game import ACTIONS
@@ -38,7 +53,79 @@ def solver_rule(episode: Any, moves_per_turn: int) -> list[int]:
     plan = solve(episode.level) or []
     if not plan:  # unsolvable from here (deadlock): any move
         return [ACTIONS["up"]]
-    return [ACTIONS[m] for m in plan[:moves_per_turn]]
+    return [ACTIONS[m] for m in plan[: episode.game.moves_per_turn]]
+
+
+class WandererRule:
+    """Sokoban: each move of a turn is the optimal solver's next move with probability
+    ``solver_probability``, else a uniformly random direction (a deadlocked position gets
+    random moves only). Short levels survive a few random steps; long ones rarely do."""
+
+    def __init__(self, solver_probability: float = 0.75) -> None:
+        if not 0.0 <= solver_probability <= 1.0:
+            raise ValueError(f"wanderer: solver_probability must be in [0, 1], got {solver_probability}")
+        self.solver_probability = float(solver_probability)
+
+    def __call__(self, episode: Any, rng: np.random.Generator) -> list[int]:
+        from mage.games.sokoban import solve
+        from mage.games.sokoban.game import ACTIONS
+        from mage.games.sokoban.level import MOVE_NAMES
+
+        level, moves = episode.level, []
+        for _ in range(episode.game.moves_per_turn):
+            if level.is_solved:
+                break
+            plan = solve(level) if rng.random() < self.solver_probability else None
+            name = plan[0] if plan else MOVE_NAMES[int(rng.integers(len(MOVE_NAMES)))]
+            level, _ = level.move(name)
+            moves.append(ACTIONS[name])
+        return moves
+
+
+def _policy_rule(policy: Any) -> Rule:
+    """An OpenSpiel policy asked for the agent's move in the agent's seat."""
+
+    def choose(episode: Any, rng: np.random.Generator) -> list[int]:
+        probs = policy.action_probabilities(episode.state, episode.agent)
+        actions = sorted(probs)
+        weights = np.array([probs[a] for a in actions], dtype=float)
+        if getattr(policy, "deterministic", False):
+            return [int(actions[int(np.argmax(weights))])]
+        return [int(actions[rng.choice(len(actions), p=weights / weights.sum())])]
+
+    return choose
+
+
+SOKOBAN_RULES: dict[str, Callable[..., Rule]] = {"solver": lambda: solver_rule, "wanderer": WandererRule}
+
+
+def make_rule(game_name: str, spec: str | Mapping[str, Any]) -> Rule:
+    """The rule ``spec`` names (see the module docstring); unknown names and parameters raise
+    a ValueError that lists what is known."""
+    from mage.opponents import REGISTRY, make
+
+    if isinstance(spec, Mapping):
+        params = {k: v for k, v in spec.items() if k != "rule"}
+        name = spec.get("rule")
+    else:
+        name, params = spec, {}
+    if not isinstance(name, str):
+        raise ValueError(f"a scripted rule is a name or {{rule: name, ...params}}, got {spec!r}")
+    if name == "random":
+        if params:
+            raise ValueError(f"scripted rule 'random' takes no parameters, got {sorted(params)}")
+        return random_rule
+    if game_name == "sokoban":
+        if name not in SOKOBAN_RULES:
+            raise ValueError(f"unknown scripted rule {name!r} for sokoban; known: {sorted(['random', *SOKOBAN_RULES])}")
+        try:
+            return SOKOBAN_RULES[name](**params)
+        except TypeError as error:
+            raise ValueError(f"scripted rule {name!r}: {error}") from None
+    if name not in REGISTRY.get(game_name, {}):
+        known = sorted(["random", *REGISTRY.get(game_name, {})])
+        raise ValueError(f"unknown scripted rule {name!r} for {game_name}; known: {known}")
+    return _policy_rule(make(game_name, name, **params))
 
 
 class ScriptedBackend(Backend):
@@ -61,27 +148,22 @@ class ScriptedBackend(Backend):
         self.rule, self.invalid_rate, self.think = rule, invalid_rate, think
         self.tokenizer, self.chat = tokenizer, chat
         self.rng = np.random.default_rng(seed)
+        self._rules: dict[str, Rule] = {}  # a named rule, resolved per game
 
     # -- moves -----------------------------------------------------------------------------
-    def _choose(self, episode: Any) -> list[int]:
-        legal = episode.legal_actions()
-        if self.rule == "random":
-            return [int(self.rng.choice(sorted(legal.values())))]
-        if self.rule == "solver":
-            return solver_rule(episode, episode.game.moves_per_turn)
-        if isinstance(self.rule, Callable) and not hasattr(self.rule, "action_probabilities"):
-            return list(self.rule(episode))
-        # An OpenSpiel policy, asked for the agent's move in the agent's seat; sampled with
-        # this backend's generator so transcripts are reproducible.
-        probs = self.rule.action_probabilities(episode.state, episode.agent)
-        actions = sorted(probs)
-        weights = np.array([probs[a] for a in actions], dtype=float)
-        if getattr(self.rule, "deterministic", False):
-            return [int(actions[int(np.argmax(weights))])]
-        return [int(actions[self.rng.choice(len(actions), p=weights / weights.sum())])]
+    def _rule_for(self, episode: Any) -> Rule:
+        if isinstance(self.rule, (str, Mapping)):
+            game = episode.game.name
+            if game not in self._rules:
+                self._rules[game] = make_rule(game, self.rule)
+            return self._rules[game]
+        if hasattr(self.rule, "action_probabilities"):
+            return _policy_rule(self.rule)
+        rule = self.rule
+        return lambda episode, rng: list(rule(episode))
 
     def _play(self, episode: Any) -> str:
-        moves = ", ".join(_move_names(episode, self._choose(episode)))
+        moves = ", ".join(_move_names(episode, self._rule_for(episode)(episode, self.rng)))
         thought = "<think>I follow my plan.</think>\n" if self.think else ""
         return f"{thought}<action>{moves}</action>"
 
@@ -90,6 +172,9 @@ class ScriptedBackend(Backend):
         outcome = episode.outcome().value if episode.is_terminal else "unfinished"
         mine = [m.name for m in episode.history if m.actor == "agent"]
         theirs = [m.name for m in episode.history if m.actor == "opponent"]
+        if episode.game.num_players == 1:  # no opponent: the moves, and the plan for the level
+            plan = "keep the same moves" if outcome == "win" else "try a different order of pushes"
+            return f"<remark>Result: {outcome}. I moved {', '.join(mine) or 'nowhere'}. Next time: {plan}.</remark>"
         plan = "keep the same plan" if outcome == "win" else "try a different line against this opponent"
         return (
             f"<remark>Result: {outcome}. I played {', '.join(mine) or 'nothing'}; the opponent played "

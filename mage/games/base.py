@@ -99,6 +99,12 @@ class Episode(ABC):
     def render_state(self) -> str:
         """What the agent sees now: its card or the board, with coordinates."""
 
+    def observation(self) -> str:
+        """What identifies the current state, for the GiGPO step anchor (the table's
+        ``observation`` column): :meth:`render_state` unless a game shows more than the state
+        (Sokoban's move counter)."""
+        return self.render_state()
+
     def render_history(self) -> str:
         """The episode's moves so far, one readable line each."""
         if not self.history:
@@ -132,6 +138,10 @@ class Game(ABC):
     payoff_scale: float
     turn_limit: int
     moves_per_turn: int = 1
+    #: Canonical action names that are short codes a reply copies from the prompt (cells,
+    #: directions); the tiny preset's tokenizer keeps each one a single token, so that the
+    #: name in a list of legal moves and the name in a reply are the same token.
+    action_names: tuple[str, ...] = ()
 
     @abstractmethod
     def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:

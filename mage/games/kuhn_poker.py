@@ -60,6 +60,7 @@ def action_word(action: int, facing: bool) -> str:
 class KuhnPoker(Game):
     name = "kuhn_poker"
     num_players = 2
+    # check, bet, call and fold are whole words: the tokenizer keeps them whole already
 
     def __init__(self, turn_limit: int = 6, payoff_scale: float = 5.0) -> None:
         self.turn_limit = turn_limit

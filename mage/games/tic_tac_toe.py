@@ -53,6 +53,7 @@ def render_board(state: pyspiel.State) -> str:
 class TicTacToe(Game):
     name = "tic_tac_toe"
     num_players = 2
+    action_names = tuple(cell_name(a) for a in range(9))
 
     def __init__(self, turn_limit: int = 8, payoff_scale: float = 10.0, opening_moves: int = 0) -> None:
         self.turn_limit = turn_limit

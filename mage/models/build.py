@@ -2,18 +2,24 @@
 
 ``build_tiny(settings, out_dir)`` writes an ordinary model directory (``config.json``,
 ``model.safetensors``, tokenizer files) plus ``preset.json`` describing how it was made
-and how the warm start behaves (validity and win rate of its own rollouts), so it can be
-loaded exactly like a hub model with ``from_pretrained(out_dir)``.
+and how the warm start plays (per opponent of the training and held-out populations, with
+the ceilings beside), so it can be loaded exactly like a hub model with
+``from_pretrained(out_dir)``.
 
-The warm start imitates scripted players (by default uniformly random legal moves with
-templated ``<remark>`` reflections): it learns to speak the protocol, not to play well,
-which leaves the improvement to reinforcement learning.
+The warm start imitates a scripted player of the run's game (``model.tiny.bc_rules``,
+chosen per game in ``params/model_game/tiny/<game>.yaml``: Kuhn Poker's timid player,
+Tic-Tac-Toe's beginner, Sokoban's wanderer) with templated ``<remark>`` reflections: it
+learns to speak the protocol and to play weakly, which leaves the improvement to
+reinforcement learning.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,97 +30,181 @@ from tqdm.auto import tqdm
 
 from mage import io
 from mage.backends.chat import format_prompt
+from mage.rollout import RolloutConfig
 from mage.models.tiny import check_round_trip, random_model, scripted_tables, train_tokenizer
-from mage.settings import ModelConfig, TinyBuild
+from mage.games import GAMES, make_game
+from mage.settings import Settings, TinyBuild
 from mage.train.batching import causal_lm_forward, micro_batches
 
 
-def corpus(build: TinyBuild, games: list[str], progress: bool) -> list[str]:
+#: The config a built preset depends on: its own section, and the game and population its warm
+#: start is cloned and checked on (the DVC stage and the Prefect task key on these).
+MODEL_BUILD_SECTIONS = ("model", "game", "population")
+
+#: The meta-episodes the warm start is cloned and checked on: the spec's defaults (N = 3,
+#: reflections, early stop). Not the run's engine settings: every algorithm of a game, MAGE
+#: and its single-episode baselines alike, starts from the same warm start.
+WARM_START_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",
+                                   same_initial_state=True, max_prompt_tokens=None, prompt_overflow="error")
+
+
+def corpus(build: TinyBuild, progress: bool) -> list[str]:
+    """Prompts and replies of scripted players of every game: the tokenizer's training text
+    (one tokenizer covers all games, so every game's text encodes compactly)."""
+    from mage.config import compose
+
     texts = []
-    for game in games:
+    for game in GAMES:
         rules = ["random"] + (["solver"] if game == "sokoban" else [])
-        table = scripted_tables(game, rules, build.corpus_meta_episodes, build.seed, progress)
+        table = scripted_tables(compose([f"game={game}"]), rules, build.corpus_meta_episodes, build.seed, progress)
         texts += table["prompt"].unique().to_list() + table["response"].unique().to_list()
     return texts
 
 
+def _bc_step(model, optimizer, prompts, responses, rows: list[int], pad_id: int) -> float:
+    """One optimizer step on ``rows``: the mean loss over their response tokens. (A mean per
+    call instead would give a reflection's opening ``<remark>`` a fortieth of a call's weight:
+    the warm start then opened reflections with ``<action>``.)"""
+    batches = micro_batches([prompts[i] for i in rows], [responses[i] for i in rows], pad_id, share_prefix=True)
+    tokens = sum(len(responses[i]) for i in rows)
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for batch in batches:
+        logits = causal_lm_forward(model, batch, torch.device("cpu"))[:, :-1]
+        nll = -torch.log_softmax(logits.float(), -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+        loss = (nll * batch.response_mask).sum() / tokens
+        loss.backward()
+        total += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return total
+
+
+def _bc_batches(prompts: list[list[int]], reflecting: set[int], rows_per_batch: int, reflection_share: float | None,
+                by_prompt: bool, rng: np.random.Generator) -> list[list[int]]:
+    """One pass of batches. A batch draws ``reflection_share`` of its calls from the reflections
+    (over-sampled: they are a tenth of the calls, and the reply's opening tag, ``<remark>`` or
+    ``<action>``, is learnt only if both phases are common); ``None`` mixes every call
+    uniformly. ``by_prompt`` cuts batches from calls in prompt order, so a micro-batch shares
+    a long prefix; the batches come shuffled."""
+    if reflection_share is None:
+        reflecting = set()
+    plays = [i for i in range(len(prompts)) if i not in reflecting]
+    reflections = sorted(reflecting)
+    per_batch = round(rows_per_batch * reflection_share) if reflections else 0
+    batches = max(1, -(-len(plays) // max(rows_per_batch - per_batch, 1)))
+    plays = rng.permutation(plays).tolist()
+    picked = rng.choice(reflections, size=batches * per_batch).tolist() if per_batch else []
+    if by_prompt:
+        plays.sort(key=lambda i: prompts[i])
+        picked.sort(key=lambda i: prompts[i])
+    step = rows_per_batch - per_batch
+    chunks = [plays[b * step : (b + 1) * step] + picked[b * per_batch : (b + 1) * per_batch] for b in range(batches)]
+    return [chunks[k] for k in rng.permutation(len(chunks)) if chunks[k]]
+
+
 def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, progress: bool) -> list[float]:
-    """Supervised learning of the scripted replies (loss on response tokens only)."""
+    """Supervised learning of the scripted replies (loss on response tokens only), in two phases:
+
+    1. ``bc_short_steps`` steps of ``bc_short_batch_rows`` calls on the prompts' last
+       ``bc_context_tokens`` tokens: cheap steps where a move must be read off the nearby
+       state (Tic-Tac-Toe's list of empty cells: a copy a small model learns from thousands of
+       examples, not from a few hundred whole prompts);
+    2. ``bc_steps`` steps of ``bc_batch_rows`` calls on whole prompts, shuffled, or with
+       ``bc_batches_by_prompt`` batched by prompt order so that a batch shares a long prefix
+       (faster, but a batch's calls are alike: on Kuhn Poker the model then stops reading the
+       legal actions).
+
+    ``bc_reflection_share`` of every batch are reflections (:func:`_bc_batches`).
+
+    The learning rate decays linearly to a tenth over both phases."""
     prompts = [
         tokenizer(format_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in table["prompt"].to_list()
     ]
     responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in table["response"].to_list()]
     optimizer = torch.optim.AdamW(model.parameters(), lr=build.bc_learning_rate)
+    total_steps = build.bc_short_steps + build.bc_steps
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * min(step / max(total_steps, 1), 1.0))
     rng = np.random.default_rng(build.seed)
-    losses = []
+    losses: list[float] = []
     model.train()
-    steps = build.bc_epochs * -(-len(prompts) // build.bc_batch_rows)
-    # Linear decay to a tenth: the last steps settle the protocol's format tokens.
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * min(step / steps, 1.0))
-    bar = tqdm(total=steps, desc="behaviour cloning", unit="step", disable=not progress)
-    for _ in range(build.bc_epochs):
-        order = rng.permutation(len(prompts))
-        for start in range(0, len(order), build.bc_batch_rows):
-            rows = order[start : start + build.bc_batch_rows].tolist()
-            batches = micro_batches(
-                [prompts[i] for i in rows], [responses[i] for i in rows], tokenizer.pad_token_id, share_prefix=True
-            )
-            tokens = sum(len(responses[i]) for i in rows)
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for batch in batches:
-                logits = causal_lm_forward(model, batch, torch.device("cpu"))[:, :-1]
-                nll = -torch.log_softmax(logits.float(), -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-                loss = (nll * batch.response_mask).sum() / tokens
-                loss.backward()
-                total += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+    bar = tqdm(total=total_steps, desc="behaviour cloning", unit="step", disable=not progress)
+    short = [ids[-build.bc_context_tokens:] for ids in prompts]
+    reflecting = set(np.flatnonzero((table["phase"] == "reflect").to_numpy()).tolist())
+    by_prompt = {"short": False, "whole": build.bc_batches_by_prompt}
+    for phase, steps, rows_per_step in (("short", build.bc_short_steps, build.bc_short_batch_rows),
+                                        ("whole", build.bc_steps, build.bc_batch_rows)):
+        chunks = _bc_batches(prompts, reflecting, rows_per_step, build.bc_reflection_share, by_prompt[phase], rng)
+        for index in range(steps):
+            if index and index % len(chunks) == 0:
+                chunks = _bc_batches(prompts, reflecting, rows_per_step, build.bc_reflection_share, by_prompt[phase], rng)
+            rows = chunks[index % len(chunks)]
+            loss = _bc_step(model, optimizer, short if phase == "short" else prompts, responses, rows,
+                            tokenizer.pad_token_id)
             schedule.step()
-            losses.append(total)
+            losses.append(loss)
             bar.update(1)
-            bar.set_postfix(loss=f"{total:.3f}", refresh=False)
+            bar.set_postfix(phase=phase, loss=f"{loss:.3f}", refresh=False)
     bar.close()
     model.eval()
     return losses
 
 
-def warm_start_check(model, tokenizer, game_name: str, seed: int, progress: bool, groups: int = 16) -> dict[str, float]:
-    """How the warm start plays: its own rollouts (training sampling) against the training
-    population, so the preset's description says how much room it leaves for RL."""
-    from mage.backends.base import SamplingSettings
+def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str, Any], progress: bool) -> dict[str, Any]:
+    """How the warm start plays: evaluation-style rollouts (``model.tiny.check_*``: meta-
+    episodes per split, episodes, seed and sampling; its own settings, so a change to
+    ``eval`` does not rebuild the model) against the training and the held-out opponents,
+    per opponent and pooled, with each one's ceiling beside it: how much room it leaves for RL."""
     from mage.backends.hf import HFBackend
-    from mage.config import compose
-    from mage.population import population_entries, seating
-    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
-    from mage.rollout.metrics import final_episode_metrics
+    from mage.evaluation import evaluate
+    from mage.report import per_opponent
 
-    cfg = compose([f"game={game_name}"])
-    entries = [e for e in population_entries(cfg) if e.split == "train"]
-    specs = plan_meta_episodes(entries, groups, 4, seed, *seating(cfg))
-    engine = RolloutEngine(HFBackend(model, tokenizer), RolloutConfig(group_size=4), cfg.game.params)
-    table = engine.run(specs, SamplingSettings(max_new_tokens=64, seed=seed), run_id="warm-start", progress=progress)
-    pooled = final_episode_metrics(table).filter(pl.col("opponent") == "all").row(0, named=True)
-    play = table.filter(pl.col("phase") == "play")
-    reflect = table.filter(pl.col("phase") == "reflect")
-    return {
-        "meta_episodes": len(specs),
-        "invalid_rate": round(1.0 - float(play["valid"].mean()), 4),
-        "reflection_validity": round(float(reflect["valid"].mean()), 4) if reflect.height else None,
-        "first_win_rate": round(pooled["first_win_rate"], 4),
-        "final_win_rate": round(pooled["final_win_rate"], 4),
-        "final_mean_return": round(pooled["final_mean_return"], 4),
-    }
+    build = settings.model.tiny
+    backend = HFBackend(model, tokenizer, chat=settings.model.chat)
+    cfg = replace(settings.eval, meta_episodes=build.check_meta_episodes, group_size=1, early_stop=True,
+                  episodes=build.check_episodes, seed=build.check_seed, sampling=build.check_sampling)
+    out: dict[str, Any] = {"meta_episodes_per_split": build.check_meta_episodes, "episodes": cfg.episodes,
+                           "sampling": dataclasses.asdict(build.check_sampling)}
+    for split in ("train", "held_out"):
+        table = evaluate(settings, backend, replace(cfg, split=split), run_id="warm-start", progress=progress,
+                         rollout=WARM_START_ROLLOUT)
+        rows = per_opponent(table, manifest, cfg.episodes, cfg.early_stop)
+        out[split] = {row["opponent"]: {key: _rounded(row.get(key)) for key in CHECK_FIELDS} for row in rows}
+        reflect = table.filter(pl.col("phase") == "reflect")
+        out[split]["all"]["reflection_validity"] = _rounded(float(reflect["valid"].mean())) if reflect.height else None
+    return out
 
 
-def build_tiny(model_cfg: ModelConfig, out_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """Build the tiny preset into ``out_dir`` (default ``model_cfg.path``), atomically."""
-    build = model_cfg.tiny or TinyBuild()
+CHECK_FIELDS = ("meta_episodes", "first_win_rate", "final_win_rate", "final_draw_rate", "final_mean_return",
+                "max_win_probability", "win_ceiling_final", "final_win_vs_ceiling", "invalid_rate")
+
+
+def _rounded(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def population_manifest(settings: Settings) -> dict[str, Any]:
+    """The run's population manifest: the seeded file if it is there, else computed (ceilings
+    included) without writing it, since it is the ``seed_population`` stage's output."""
+    from mage.population import load_manifest, seed_population
+
+    path = Path(settings.paths["population_manifest"])
+    return load_manifest(path) if path.is_file() else seed_population(settings.raw, progress=False)
+
+
+def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """Build the tiny preset of ``settings.model`` for ``settings``'s game into ``out_dir``
+    (default ``model.path``), atomically: tokenizer, seeded model, behaviour cloning of the
+    ``model.tiny.bc_rules`` players against the game's training population, the check."""
+    model_cfg = settings.model
+    build = model_cfg.tiny
+    if build is None:
+        raise ValueError(f"model {model_cfg.name!r} has no 'tiny' section: it is not built locally")
     out_dir = Path(out_dir or model_cfg.path)
     started = time.perf_counter()
-    games = sorted(set(build.bc_games) | {"kuhn_poker", "tic_tac_toe", "sokoban"})
-    texts = corpus(build, games, progress)
-    tokenizer = train_tokenizer(texts, vocab_size=build.vocab_size)
+    texts = corpus(build, progress)
+    whole = [name for game in GAMES for name in make_game(game).action_names]
+    tokenizer = train_tokenizer(texts, vocab_size=build.vocab_size, whole=whole)
     model = random_model(
         tokenizer,
         hidden_size=build.hidden_size,
@@ -125,22 +215,28 @@ def build_tiny(model_cfg: ModelConfig, out_dir: str | Path | None = None, progre
         max_position_embeddings=build.max_position_embeddings,
         seed=build.seed,
     )
-    bc_table = pl.concat(
-        [scripted_tables(g, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress) for g in build.bc_games]
-    )
+    built = time.perf_counter()
+    bc_table = scripted_tables(settings.raw, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
+                               WARM_START_ROLLOUT)
     losses = behaviour_cloning(model, tokenizer, bc_table, build, progress)
-    check = {game: warm_start_check(model, tokenizer, game, build.seed + 2, progress) for game in build.bc_games}
+    cloned = time.perf_counter()
+    check = warm_start_check(model, tokenizer, settings, population_manifest(settings), progress)
     description: dict[str, Any] = {
         "preset": model_cfg.name,
-        "build": {k: (list(v) if isinstance(v, tuple) else v) for k, v in build.__dict__.items()},
+        "game": settings.game["name"],
+        "build": json.loads(json.dumps(dataclasses.asdict(build))),  # tuples as lists
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
-        "tokenizer_games": games,
+        "tokenizer_games": sorted(GAMES),
         "bc_calls": bc_table.height,
         "bc_loss_first": losses[0] if losses else None,
         "bc_loss_last": float(np.mean(losses[-10:])) if losses else None,
         "warm_start": check,
-        "seconds": round(time.perf_counter() - started, 1),
+        "seconds": {
+            "tokenizer_and_model": round(built - started, 1),
+            "behaviour_cloning": round(cloned - built, 1),
+            "check": round(time.perf_counter() - cloned, 1),
+        },
     }
 
     def write(tmp: Path) -> None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mage.train.config import LoraSettings
+
+if TYPE_CHECKING:
+    from mage.settings import Settings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -76,3 +79,24 @@ def load_policy(
     if not trainable:
         model.requires_grad_(False)
     return Policy(model=model, tokenizer=tokenizer, source=source, lora=lora)
+
+
+def ensure_model(settings: Settings, progress: bool = True) -> str:
+    """The base model's local directory, made available: the tiny preset is built if missing;
+    a hub model (``model.path`` is a hub id) is fetched into ``model.local_dir`` (or the hub
+    cache) unless it is already there. Either way the result loads with ``from_pretrained``."""
+    model = settings.model
+    if model.build == "tiny":
+        if not (Path(model.path) / "config.json").is_file():
+            from mage.models.build import build_tiny
+
+            build_tiny(settings, progress=progress)
+        return model.path
+    if Path(model.path).is_dir():
+        return model.path
+    if model.local_dir and (Path(model.local_dir) / "config.json").is_file():
+        return model.local_dir
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+    return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=patterns)

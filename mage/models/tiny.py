@@ -16,7 +16,8 @@ exactly as a hub model would be, with ``from_pretrained`` on the path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -35,8 +36,14 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE on ``corpus`` and wrap it as a transformers tokenizer."""
+def train_tokenizer(
+    corpus: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2, whole: Sequence[str] = ()
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on ``corpus`` and wrap it as a transformers tokenizer; the
+    strings of ``whole`` (the games' action codes: cells, directions) become single tokens
+    wherever they appear, so a reply can copy a move from a list of legal moves token for
+    token (the byte-level pre-tokenizer would give " A" + "1" in a list and "A" + "1" after
+    ``<action>``)."""
     tokenizer = Tokenizer(models.BPE())
     # Qwen2's pipeline (transformers' Qwen2Tokenizer builds exactly this around a vocabulary).
     tokenizer.normalizer = normalizers.NFC()
@@ -62,6 +69,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int = 2048, min_frequency
         clean_up_tokenization_spaces=False,
     )
     wrapped.add_tokens(PROTOCOL_TOKENS)
+    wrapped.add_tokens([name for name in whole if name not in PROTOCOL_TOKENS])
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
 
@@ -120,24 +128,34 @@ def random_model(
 
 
 # -- building the preset -----------------------------------------------------------------
-def scripted_tables(game_name: str, rules: list[str], meta_episodes: int, seed: int, progress: bool = False):
-    """Trajectory tables of scripted players against the game's training population."""
+def scripted_tables(
+    cfg: Mapping[str, Any],
+    rules: Sequence[str | Mapping[str, Any]],
+    meta_episodes: int,
+    seed: int,
+    progress: bool = False,
+    rollout: Any = None,
+):
+    """Trajectory tables of scripted players (:func:`mage.backends.scripted.make_rule`
+    specs) against the training population of ``cfg`` (a composed config: its game
+    parameters, population and seating), ``meta_episodes`` per rule in groups of 4, played
+    as ``rollout`` (a RolloutConfig: episodes, context mode, ...; default: its defaults)."""
+    from dataclasses import replace
+
     import polars as pl
 
     from mage.backends import SamplingSettings
     from mage.backends.scripted import ScriptedBackend
-    from mage.config import compose
-    from mage.opponents import make
     from mage.population import population_entries, seating
     from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
 
-    cfg = compose([f"game={game_name}"])
     entries = [e for e in population_entries(cfg) if e.split == "train"]
     seat_split, num_seats = seating(cfg)
+    rollout = replace(rollout or RolloutConfig(), group_size=4, concurrency=None)
     tables = []
     for index, rule in enumerate(rules):
-        backend_rule = rule if rule in ("random", "solver") else make(game_name, rule)
-        engine = RolloutEngine(ScriptedBackend(backend_rule, seed=seed + index), RolloutConfig(group_size=4), cfg.game.params)
+        engine = RolloutEngine(ScriptedBackend(rule, seed=seed + index), rollout, cfg["game"]["params"])
         specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed + index, seat_split, num_seats)
-        tables.append(engine.run(specs, SamplingSettings(), run_id=f"bc-{rule}", progress=progress))
+        name = rule if isinstance(rule, str) else rule.get("rule", "rule")
+        tables.append(engine.run(specs, SamplingSettings(), run_id=f"bc-{name}", progress=progress))
     return pl.concat(tables)

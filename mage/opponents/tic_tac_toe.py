@@ -5,6 +5,9 @@ evaluator, solving on), six preferred-pattern players (first empty cell of a pri
 list, else uniformly random) and a uniform-random player. Held-out: MCTS with 1000
 simulations, a perfect minimax player and priority lists not used in training.
 
+``beginner`` is in no population: it is the player the tiny preset's warm start imitates
+(it takes a win or blocks a threat only some of the time, and moves at random otherwise).
+
 MCTS is a real search (OpenSpiel's C++ ``MCTSBot``), seeded from the opponent's generator
 at every move. Its action distribution has no closed form: ``action_probabilities``
 estimates it from ``policy_samples`` independently seeded searches (a deterministic
@@ -112,6 +115,58 @@ class MinimaxOpponent(Opponent):
         return {a: (1.0 / len(optimal) if a in optimal else 0.0) for a in legal}
 
 
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+def completing_cells(board: Sequence[str], mark: str) -> list[int]:
+    """Empty cells that would complete a line of ``mark`` (``board``: 9 of 'x', 'o', '.')."""
+    cells = set()
+    for line in LINES:
+        marks = [board[c] for c in line]
+        if marks.count(mark) == 2 and marks.count(".") == 1:
+            cells.add(line[marks.index(".")])
+    return sorted(cells)
+
+
+def board_cells(state: pyspiel.State) -> list[str]:
+    """The nine cells in OpenSpiel's order as 'x', 'o' or '.'."""
+    return list("".join(str(state).split("\n")[:3]))
+
+
+class BeginnerOpponent(Opponent):
+    """A beginner: with probability ``p_win`` it takes an immediate win when it has one;
+    otherwise, facing a threat, it blocks with probability ``p_block``; every other move is
+    uniformly random. It misses wins and blocks often, which leaves room to learn."""
+
+    rule = "beginner"
+
+    def __init__(self, game: pyspiel.Game, p_win: float = 0.5, p_block: float = 0.4) -> None:
+        if not (0.0 <= p_win <= 1.0 and 0.0 <= p_block <= 1.0):
+            raise ValueError(f"beginner: p_win and p_block must be in [0, 1], got {p_win}, {p_block}")
+        super().__init__(game, p_win=p_win, p_block=p_block)
+        self.p_win, self.p_block = float(p_win), float(p_block)
+        self.description = (f"takes an immediate win with probability {p_win:g}, else blocks a threat with "
+                            f"probability {p_block:g}, else plays uniformly at random")
+
+    def action_probabilities(self, state: pyspiel.State, player_id: int | None = None) -> dict[int, float]:
+        legal = state.legal_actions()
+        player = state.current_player() if player_id is None else player_id
+        board = board_cells(state)
+        mine, theirs = ("x", "o") if player == 0 else ("o", "x")
+        probs = {a: 0.0 for a in legal}
+        rest = 1.0
+        # Each candidate kind gets its probability only where such cells exist.
+        for cells, chance in ((completing_cells(board, mine), self.p_win), (completing_cells(board, theirs), self.p_block)):
+            cells = [c for c in cells if c in probs]
+            if cells:
+                for cell in cells:
+                    probs[cell] += rest * chance / len(cells)
+                rest *= 1.0 - chance
+        for action in legal:
+            probs[action] += rest / len(legal)
+        return probs
+
+
 def _stable_seed(*parts: object) -> int:
     digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
@@ -169,4 +224,5 @@ OPPONENTS = {
     "preferred_pattern": PreferredPatternOpponent,
     "random": RandomOpponent,
     "minimax": MinimaxOpponent,
+    "beginner": BeginnerOpponent,
 }

@@ -208,7 +208,7 @@ class MetaEpisode:
         }
         if self.phase == "reflect":
             remark = parse_remark(generation.text)
-            row.update(episode=self.number + 1, turn=0, phase="reflect", observation=self.episode.render_state(),
+            row.update(episode=self.number + 1, turn=0, phase="reflect", observation=self.episode.observation(),
                        action=None, valid=remark.valid, invalid_reason=remark.reason)
             self.finished.append(
                 prompts.EpisodeRecord(self.last.number, self.last.history, self.last.result, self.last.episode_return, remark.text)
@@ -221,7 +221,7 @@ class MetaEpisode:
         parsed = parse_action(generation.text, episode.action_aliases(), self.game.moves_per_turn)
         names = {action: name for name, action in legal.items()}
         self.turns += 1
-        row.update(episode=self.number, turn=self.turns, phase="play", observation=episode.render_state(),
+        row.update(episode=self.number, turn=self.turns, phase="play", observation=episode.observation(),
                    action=", ".join(names[a] for a in parsed.actions) if parsed.valid else None,
                    valid=parsed.valid, invalid_reason=parsed.reason)
         self.episode_rows.append(row)

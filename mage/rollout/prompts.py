@@ -66,14 +66,18 @@ def episode_block(record: EpisodeRecord, mode: str) -> str:
     return "\n".join(lines)
 
 
+def _same_counterpart(game: Game) -> str:
+    """What stays the same across a meta-episode: the opponent, or (one player) the level."""
+    return "against the same opponent from the same starting position" if game.num_players > 1 else "on the same level"
+
+
 def _header(game: Game, initial: InitialState, num_episodes: int) -> list[str]:
-    return [
-        game.rules_text(),
-        "# Your situation\n"
-        f"You play {num_episodes} episodes in a row against the same opponent, each from the same "
-        "starting position. Learn from earlier episodes to do better in later ones.\n"
-        + game.render_initial_state(initial),
-    ]
+    if num_episodes == 1:
+        shape = "You play one episode."
+    else:
+        shape = (f"You play {num_episodes} episodes in a row {_same_counterpart(game)}. "
+                 "Learn from earlier episodes to do better in later ones.")
+    return [game.rules_text(), f"# Your situation\n{shape}\n" + game.render_initial_state(initial)]
 
 
 def _fit(
@@ -143,9 +147,10 @@ def reflect_prompt(
     tail = [
         f"# Episode {number} of {num_episodes} just ended\nMoves:\n{just_finished.history}\n"
         f"Result: {just_finished.result} Score: {just_finished.episode_return:+g}.",
-        f"# Reflect\nYou will now play episode {number + 1} of {num_episodes} against the same opponent from "
-        "the same starting position. Identify your mistakes and what the opponent's moves reveal about how "
-        "it plays, then write an improved plan inside <remark></remark>.",
+        f"# Reflect\nYou will now play episode {number + 1} of {num_episodes} {_same_counterpart(game)}. "
+        + ("Identify your mistakes and what the opponent's moves reveal about how it plays, "
+           if game.num_players > 1 else "Identify your mistakes, ")
+        + "then write an improved plan inside <remark></remark>.",
     ]
     blocks = [episode_block(r, mode) for r in finished]
     return _fit(_header(game, initial, num_episodes), blocks, tail, count_tokens, max_tokens, overflow)

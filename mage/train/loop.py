@@ -28,7 +28,7 @@ import torch
 from mage import io
 from mage.algo import add_advantages, add_returns
 from mage.backends import Backend, make_backend
-from mage.models.policy import Policy, load_policy
+from mage.models.policy import Policy, ensure_model, load_policy
 from mage.population import population_entries, seating
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.rollout.engine import derive_seed
@@ -66,27 +66,6 @@ class RunPaths:
 
 
 # -- the model ---------------------------------------------------------------------------
-def ensure_model(settings: Settings, progress: bool = True) -> str:
-    """The base model's local directory, made available: the tiny preset is built if missing;
-    a hub model (``model.path`` is a hub id) is fetched into ``model.local_dir`` (or the hub
-    cache) unless it is already there. Either way the result loads with ``from_pretrained``."""
-    model = settings.model
-    if model.build == "tiny":
-        if not (Path(model.path) / "config.json").is_file():
-            from mage.models.build import build_tiny
-
-            build_tiny(model, progress=progress)
-        return model.path
-    if Path(model.path).is_dir():
-        return model.path
-    if model.local_dir and (Path(model.local_dir) / "config.json").is_file():
-        return model.local_dir
-    from huggingface_hub import snapshot_download
-
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
-    return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=patterns)
-
-
 def load_run_policy(settings: Settings, checkpoint: ckpt.Checkpoint | None = None, trainable: bool = True) -> Policy:
     """The policy of a run: the base model plus LoRA, with a checkpoint's weights if given."""
     model = settings.model

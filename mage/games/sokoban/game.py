@@ -40,6 +40,7 @@ separated by commas, for example <action>up, left, left</action>.
 class Sokoban(Game):
     name = "sokoban"
     num_players = 1
+    action_names = MOVE_NAMES
 
     def __init__(
         self,
@@ -51,6 +52,7 @@ class Sokoban(Game):
         moves_per_turn: int = 3,
         payoff_scale: float = 10.0,
         end_on_deadlock: bool = False,
+        deadlock_hint: bool = False,
     ) -> None:
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = num_boxes
@@ -60,6 +62,7 @@ class Sokoban(Game):
         self.moves_per_turn = moves_per_turn
         self.payoff_scale = payoff_scale
         self.end_on_deadlock = end_on_deadlock
+        self.deadlock_hint = deadlock_hint
 
     def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
         if agent_seat != 0:
@@ -126,14 +129,17 @@ class SokobanEpisode(Episode):
     def agent_return(self) -> float:
         return self.game.payoff_scale if self.solved else 0.0
 
-    def render_state(self) -> str:
+    def observation(self) -> str:
+        """The board and the boxes on targets: the step anchor. The move counter is left out,
+        so the same board reached after a different number of moves shares its anchor."""
         level = self.level
-        lines = [
-            "Board:",
-            level.render(),
-            f"Boxes on targets: {level.boxes_on_targets} of {len(level.boxes)}. Moves made: {len(self.history)}.",
-        ]
-        if self.deadlocked:
+        return f"Board:\n{level.render()}\nBoxes on targets: {level.boxes_on_targets} of {len(level.boxes)}."
+
+    def render_state(self) -> str:
+        lines = [f"{self.observation()} Moves made: {len(self.history)}."]
+        # The paper's environment does not tell the agent that it is stuck; the solver's
+        # verdict is an option (game.params.deadlock_hint).
+        if self.game.deadlock_hint and self.deadlocked:
             lines.append("A box is stuck where it can never reach a target: the level can no longer be solved.")
         return "\n".join(lines)
 

@@ -1,0 +1,95 @@
+"""The report as Markdown: what a person reads first (``report.md``, the Prefect artifact)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def fmt(value: Any, digits: int = 2, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+    return str(value)
+
+
+def with_ci(value: Any, interval: Sequence[float] | None, digits: int = 2, signed: bool = False) -> str:
+    """``0.47 [0.42, 0.52]``: a figure with its 95% interval."""
+    if value is None:
+        return "-"
+    if not interval:
+        return fmt(value, digits, signed)
+    return f"{fmt(value, digits, signed)} [{fmt(interval[0], digits, signed)}, {fmt(interval[1], digits, signed)}]"
+
+
+def _about(about: Mapping[str, Any]) -> list[str]:
+    lines = [f"# Evaluation report: {about.get('checkpoint', 'base model')}", ""]
+    return lines + [f"- {key}: {value}" for key, value in about.items() if key != "checkpoint"]
+
+
+def _gains(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["", f"## {split} opponents: did it learn? (start -> evaluated, paired by initial state)", "",
+             "| opponent | pairs | final win: start | final win: now | gain [95% CI] | win or draw: start | "
+             "win or draw: now | gain [95% CI] | final return: gain [95% CI] | invalid: start -> now |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['opponent']} | {r['pairs']} | {fmt(r['final_win_rate_start'])} | {fmt(r['final_win_rate'])} | "
+            f"{with_ci(r['final_win_rate_gain'], r['final_win_rate_gain_ci'], signed=True)} | "
+            f"{fmt(r['final_win_or_draw_rate_start'])} | {fmt(r['final_win_or_draw_rate'])} | "
+            f"{with_ci(r['final_win_or_draw_rate_gain'], r['final_win_or_draw_rate_gain_ci'], signed=True)} | "
+            f"{with_ci(r['final_mean_return_gain'], r['final_mean_return_gain_ci'], signed=True)} | "
+            f"{fmt(r['invalid_rate_start'], 3)} -> {fmt(r['invalid_rate'], 3)} |"
+        )
+    return lines
+
+
+def _opponents(split: str, rows: Sequence[Mapping[str, Any]], title: str) -> list[str]:
+    lines = ["", f"## {split} opponents: {title}", "",
+             "| opponent | meta-episodes | first win | final win [95% CI] | first -> final gain | win or draw | "
+             "final return [95% CI] | ceiling (first / final k) | final / ceiling | invalid rate |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['opponent']} | {r['meta_episodes']} | {fmt(r['first_win_rate'])} | "
+            f"{with_ci(r['final_win_rate'], r['final_win_rate_ci'])} | "
+            f"{with_ci(r['win_rate_gain'], r['win_rate_gain_ci'], signed=True)} | {fmt(r['final_win_or_draw_rate'])} | "
+            f"{with_ci(r['final_mean_return'], r['final_mean_return_ci'], signed=True)} | "
+            f"{fmt(r['max_win_probability'])} / {fmt(r['win_ceiling_final'])} | "
+            f"{with_ci(r['final_win_vs_ceiling'], r['final_win_vs_ceiling_ci'])} | {fmt(r['invalid_rate'], 3)} |"
+        )
+    return lines
+
+
+def _episodes(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["", f"## {split} opponents: per episode k", "",
+             "| opponent | k | played | win rate | draw rate | mean return | pass@k [95% CI] | ceiling of pass@k | "
+             "pass@k / ceiling | return / ceiling | invalid rate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['opponent']} | {r['episode']} | {r['played']} | {fmt(r['win_rate'])} | {fmt(r['draw_rate'])} | "
+            f"{fmt(r['mean_return'], signed=True)} | {with_ci(r['pass_at_k'], r['pass_at_k_ci'])} | "
+            f"{fmt(r['pass_at_k_ceiling'])} | {fmt(r['pass_at_k_vs_ceiling'])} | {fmt(r['return_vs_ceiling'])} | "
+            f"{fmt(r['invalid_rate'], 3)} |"
+        )
+    return lines
+
+
+def to_markdown(report: Mapping[str, Any]) -> str:
+    """Per split: the gains over the starting policy (when it was evaluated), the evaluated
+    policy per opponent, the starting policy per opponent, then the per-episode table."""
+    lines = _about(report["about"])
+    for split, body in report["splits"].items():
+        if "gains" in body:
+            lines += _gains(split, body["gains"])
+        lines += _opponents(split, body["opponents"], "the evaluated policy")
+        if "start" in body:
+            lines += _opponents(split, body["start"]["opponents"], "the starting policy")
+        lines += _episodes(split, body["episodes"])
+    lines += ["", "Intervals are 95%: Wilson for rates, a bootstrap over initial states for returns and gains. "
+              "Ceilings are of the initial states played: the first episode's is the best single-episode win "
+              "probability p; with early stop the final episode's success is pass@N, whose ceiling is the mean of "
+              "1 - (1 - p)^N. Monte-Carlo ceilings (MCTS) are lower bounds. `return / ceiling` divides by "
+              "OpenSpiel's best-response return, where that is at least 0.1."]
+    return "\n".join(lines) + "\n"

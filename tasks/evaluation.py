@@ -1,0 +1,100 @@
+"""The tasks of an evaluation: ``evaluate-checkpoint`` and ``write-report``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+
+from mage import io
+from mage.rollout import read_trajectories, write_trajectories
+from mage.rollout.metrics import final_episode_metrics, rollout_metrics
+from mage.settings import Settings
+from mage.train import checkpoint as ckpt
+from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
+from tasks.config import settings_of
+from tasks.refs import FileRef
+
+
+def default_evaluation_dir(settings: Settings, checkpoint: FileRef | None) -> Path:
+    """``paths.evaluations/<run>/<checkpoint>``, or ``paths.start_evaluation`` for the starting policy."""
+    if checkpoint is None:
+        return Path(settings.paths["start_evaluation"])
+    return Path(settings.paths["evaluations"]) / settings.run_name / Path(checkpoint.path).name
+
+
+@task(name="evaluate-checkpoint", task_run_name="evaluate-{split}",
+      cache_policy=ArtifactCachePolicy(sections=("eval", "engine", "game", "population", "model", "run", "paths.evaluations")),
+      **TASK_DEFAULTS)
+def evaluate_checkpoint(
+    config: dict[str, Any], model: FileRef, checkpoint: FileRef | None, split: str, out_dir: str | None = None
+) -> dict[str, Any]:
+    """Play ``checkpoint`` (None: the starting policy, the base model) against the ``split`` opponents."""
+    from mage.evaluation import evaluate
+    from mage.train.loop import rollout_backend
+
+    settings = settings_of(config)
+    model.resolve()
+    loaded = None
+    if checkpoint is not None:
+        path = checkpoint.resolve()
+        loaded = ckpt.Checkpoint.at(path)
+    cfg = settings.eval
+    backend = rollout_backend(settings, checkpoint=loaded)
+    try:
+        table = evaluate(settings, backend, dataclasses.replace(cfg, split=split), progress=False,
+                         run_id=settings.run_name, iteration=loaded.iteration if loaded else 0)
+    finally:
+        backend.close()
+    directory = Path(out_dir) if out_dir else default_evaluation_dir(settings, checkpoint)
+    table_ref = FileRef.of(write_trajectories(table, directory / f"{split}.parquet"))
+    per_episode = rollout_metrics(table)
+    final = final_episode_metrics(table)
+    metrics = {"per_episode": per_episode.to_dicts(), "final": final.to_dicts()}
+    metrics_ref = FileRef.of(io.write_json(directory / f"{split}-metrics.json", metrics))
+    return {"table": table_ref, "metrics": metrics_ref, "final": final.to_dicts()}
+
+
+def start_policy(settings: Settings) -> str:
+    """What a run starts from, in words: the tiny warm start (and whom it imitates) or the base model."""
+    model = settings.model
+    if model.tiny is not None and model.build == "tiny":
+        rules = ", ".join(r if isinstance(r, str) else str(r.get("rule")) for r in model.tiny.bc_rules)
+        return f"{model.path} (the tiny preset's warm start: behaviour cloning of {rules})"
+    return f"{model.local_dir or model.path} (the base model {model.path})"
+
+
+@task(name="write-report", task_run_name="write-report",
+      cache_policy=ArtifactCachePolicy(sections=("run", "eval", "game", "model")), **TASK_DEFAULTS)
+def write_report(
+    config: dict[str, Any], manifest: FileRef, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: str,
+    history: FileRef | None = None, start_tables: dict[str, FileRef] | None = None,
+) -> dict[str, Any]:
+    """The report of one checkpoint (None: the starting policy) beside the starting policy
+    evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in ``out_dir``."""
+    import json
+
+    from mage.population import load_manifest
+    from mage.report import build_report, headline_metrics
+    from mage.report import write_report as write
+
+    settings = settings_of(config)
+    about = {
+        "checkpoint": checkpoint.path if checkpoint is not None else f"the starting policy {start_policy(settings)}",
+        "checkpoint_sha256": checkpoint.sha256 if checkpoint is not None else None,
+        "iteration": ckpt.Checkpoint.at(checkpoint.path).iteration if checkpoint is not None else 0,
+        "run": settings.run_name,
+        "started_from": start_policy(settings),
+        "game": settings.game["name"],
+        "sampling": {k: getattr(settings.eval.sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")},
+    }
+    start = {split: read_trajectories(ref.resolve()) for split, ref in (start_tables or {}).items()}
+    report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
+                          load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,
+                          start_tables=start or None)
+    lines = history.resolve().read_text().splitlines() if history is not None else []
+    written = write(report, out_dir, history=[json.loads(line) for line in lines if line.strip()])
+    return {"directory": out_dir, "files": {k: FileRef.of(v) for k, v in written.items()},
+            "metrics": headline_metrics(report)}

@@ -1,0 +1,20 @@
+"""The ``prepare-model`` task: the base model directory (the tiny preset built, or a hub model fetched)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+
+from mage.models.build import MODEL_BUILD_SECTIONS
+from mage.models.policy import ensure_model
+from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
+from tasks.config import settings_of
+from tasks.refs import FileRef
+
+
+@task(name="prepare-model", task_run_name="prepare-model", cache_policy=ArtifactCachePolicy(sections=MODEL_BUILD_SECTIONS),
+      **TASK_DEFAULTS)
+def prepare_model(config: dict[str, Any]) -> FileRef:
+    """Build the tiny preset, or fetch a hub model into the local cache; reference its directory."""
+    return FileRef.of(ensure_model(settings_of(config), progress=False), "directory")

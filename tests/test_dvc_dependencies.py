@@ -1,0 +1,120 @@
+"""``dvc.yaml`` declares every project file a stage's flow can run, and every config section its
+tasks key on: a change to any of them re-runs the stage, and nothing else does.
+
+A stage's code is the transitive closure of the project imports of its flow's module (every
+``import`` and ``from ... import`` of the file, at module level or inside a function: a lazy
+import runs when that path runs), plus the package ``__init__`` files Python executes on
+the way. Each file of the closure must be under a declared dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("mage", "tasks", "flows")
+
+
+def module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    path = REPO.joinpath(*parts)
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every module name ``path`` imports (absolute, relative ones resolved), and for
+    ``from a import b`` also ``a.b`` (b may be a submodule)."""
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return names
+
+
+def closure(module: str) -> set[str]:
+    """Project files (relative paths) that running ``module`` may execute."""
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # package __init__ files run first
+        todo += sorted(imported_names(path))
+    return {str(p.relative_to(REPO)) for p in seen}
+
+
+def stages() -> dict[str, dict]:
+    return yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+
+
+def flow_module(stage: dict) -> str:
+    from flows import FLOWS
+
+    words = stage["cmd"].split()
+    assert words[:3] == ["python", "-m", "flows"], stage["cmd"]
+    return FLOWS[words[3]]
+
+
+@pytest.mark.parametrize("name", sorted(stages()))
+def test_a_stage_declares_the_code_its_flow_imports(name):
+    stage = stages()[name]
+    declared = [str(d).rstrip("/") for d in stage["deps"] if not str(d).startswith("$")]
+    needed = closure(flow_module(stage)) | {"flows/__main__.py"}
+    missing = sorted(f for f in needed if not any(f == d or f.startswith(d + "/") for d in declared))
+    assert not missing, f"dvc.yaml stage {name!r} does not declare {missing}"
+
+
+def test_the_closure_follows_lazy_imports_and_packages():
+    # flows/evaluate imports mage.evaluation inside a function (tasks.evaluation does), and
+    # importing tasks.evaluation runs tasks/__init__.py
+    found = closure("flows.evaluate")
+    assert {"mage/evaluation.py", "tasks/__init__.py", "mage/train/loop.py", "mage/report.py"} <= found
+    # the population stage never reaches the trainer
+    assert "mage/train/trainer.py" not in closure("flows.seed_population")
+
+
+def cache_sections() -> dict[str, tuple[str, ...]]:
+    """The config sections each task's cache key reads (what the task's result depends on)."""
+    from tasks.evaluation import evaluate_checkpoint, write_report
+    from tasks.model import prepare_model
+    from tasks.population import seed_population
+    from tasks.training import rollout_shard, score_rollout, train_iteration
+
+    tasks = {"seed_population": [seed_population], "prepare_model": [prepare_model],
+             "train": [rollout_shard, score_rollout, train_iteration], "evaluate": [evaluate_checkpoint],
+             "evaluate_start": [evaluate_checkpoint], "report": [write_report]}
+    return {stage: tuple(s for t in ts for s in t.cache_policy.sections if not s.startswith("paths"))
+            for stage, ts in tasks.items()}
+
+
+@pytest.mark.parametrize("name", sorted(stages()))
+def test_a_stage_declares_the_config_its_tasks_key_on(name):
+    from tasks.caching import SCHEDULE_KEYS
+
+    declared = stages()[name].get("params", [])
+    for section in cache_sections()[name]:
+        covered = any(section == p or section.startswith(p + ".") for p in declared)
+        # a declared sub-key list (population.train, ...) covers its section only together
+        parts = [p for p in declared if p.startswith(section + ".")]
+        scheduled = section in SCHEDULE_KEYS
+        assert covered or parts or scheduled, f"dvc.yaml stage {name!r} does not declare the {section!r} params"

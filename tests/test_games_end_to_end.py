@@ -1,0 +1,65 @@
+"""Every game through the whole lifecycle: the ``pipeline`` flow from nothing (population,
+the tiny preset built with that game's own warm-start player, one training iteration,
+evaluation against the training and held-out opponents, the report), at a smoke size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows import pipeline
+from mage.config import compose
+from mage.population import population_entries
+from tasks import state as memory
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+#: The real tiny preset's code path, made small: a smaller model, a short warm start and a
+#: one-iteration run. Everything game-specific (warm-start player, population) is the default.
+SMOKE = [
+    "model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
+    "model.tiny.vocab_size=512", "model.tiny.corpus_meta_episodes=8", "model.tiny.bc_meta_episodes=8",
+    "model.tiny.bc_steps=2", "model.tiny.bc_short_steps=2", "model.tiny.check_meta_episodes=1", "model.tiny.check_sampling.max_new_tokens=8",
+    "population.ceilings.n_games=20", "train.iterations=1", "train.mini_batch_size=16", "engine.groups=2",
+    "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=8", "eval.meta_episodes=2",
+    "eval.episodes=2", "eval.sampling.max_new_tokens=8",
+]
+WARM_START = {"kuhn_poker": "timid", "tic_tac_toe": "beginner", "sokoban": "wanderer"}
+FIELDS = ("meta_episodes", "first_win_rate", "final_win_rate", "win_rate_gain", "final_mean_return",
+          "max_win_probability", "invalid_rate")
+
+
+@pytest.mark.parametrize("game", sorted(WARM_START))
+def test_the_pipeline_runs_every_game_from_nothing(game, tmp_path):
+    memory.forget()
+    overrides = [f"game={game}", f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *SMOKE]
+    result = pipeline(overrides)
+    memory.forget()
+
+    preset = json.loads((tmp_path / "models" / f"tiny-{game}" / "preset.json").read_text())
+    rule = preset["build"]["bc_rules"][0]
+    assert (rule if isinstance(rule, str) else rule["rule"]) == WARM_START[game]  # the game's own player
+    report = json.loads((Path(result["report"]) / "report.json").read_text())
+    assert report["about"]["game"] == game and report["about"]["checkpoint"].endswith("ckpt-00001")
+    entries = population_entries(compose([f"game={game}"]))
+    for split in ("train", "held_out"):
+        expected = {e.id for e in entries if e.split == split}
+        assert set(preset["warm_start"][split]) == {*expected, "all"}
+        rows = {row["opponent"]: row for row in report["splits"][split]["opponents"]}
+        assert set(rows) == {*expected, "all"}  # every opponent of the split is evaluated
+        for row in rows.values():
+            for field in FIELDS:
+                assert row[field] is not None, (split, row["opponent"], field)
+            assert 0.0 <= row["final_win_rate"] <= 1.0 and 0.0 <= row["invalid_rate"] <= 1.0
+            assert 0.0 <= row["max_win_probability"] <= 1.0
+            # the ratio to the ceiling is there unless the evaluated states cannot be won at all
+            assert (row["final_win_vs_ceiling"] is None) == (row["max_win_probability"] == 0.0)
+        # the starting policy was evaluated on the same initial states, and compared per opponent
+        gains = {row["opponent"]: row for row in report["splits"][split]["gains"]}
+        assert set(gains) == set(rows) and all(row["pairs"] == rows[name]["meta_episodes"] for name, row in gains.items())
+    metrics = json.loads((Path(result["report"]) / "metrics.json").read_text())
+    for split in ("train", "held_out"):  # the headline numbers dvc exp show lists, per split
+        for name in ("final_win_rate", "gain_over_start", "invalid_rate"):
+            assert isinstance(metrics[f"{split}/{name}"], float), (split, name)
