@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -28,52 +28,46 @@ def _about(about: Mapping[str, Any]) -> list[str]:
     return lines + [f"- {key}: {value}" for key, value in about.items() if key != "checkpoint"]
 
 
+def _table(heading: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown section: a blank line, the heading, then the table."""
+    lines = ["", f"## {heading}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
+
+
 def _gains(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["", f"## {split} opponents: did it learn? (start -> evaluated, paired by initial state)", "",
-             "| opponent | pairs | final win: start | final win: now | gain [95% CI] | win or draw: start | "
-             "win or draw: now | gain [95% CI] | final return: gain [95% CI] | invalid: start -> now |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['opponent']} | {r['pairs']} | {fmt(r['final_win_rate_start'])} | {fmt(r['final_win_rate'])} | "
-            f"{with_ci(r['final_win_rate_gain'], r['final_win_rate_gain_ci'], signed=True)} | "
-            f"{fmt(r['final_win_or_draw_rate_start'])} | {fmt(r['final_win_or_draw_rate'])} | "
-            f"{with_ci(r['final_win_or_draw_rate_gain'], r['final_win_or_draw_rate_gain_ci'], signed=True)} | "
-            f"{with_ci(r['final_mean_return_gain'], r['final_mean_return_gain_ci'], signed=True)} | "
-            f"{fmt(r['invalid_rate_start'], 3)} -> {fmt(r['invalid_rate'], 3)} |"
-        )
-    return lines
+    columns = ("opponent", "pairs", "final win: start", "final win: now", "gain [95% CI]", "win or draw: start",
+               "win or draw: now", "gain [95% CI]", "final return: gain [95% CI]", "invalid: start -> now")
+    return _table(f"{split} opponents: did it learn? (start -> evaluated, paired by initial state)", columns, (
+        (r["opponent"], fmt(r["pairs"]), fmt(r["final_win_rate_start"]), fmt(r["final_win_rate"]),
+         with_ci(r["final_win_rate_gain"], r["final_win_rate_gain_ci"], signed=True),
+         fmt(r["final_win_or_draw_rate_start"]), fmt(r["final_win_or_draw_rate"]),
+         with_ci(r["final_win_or_draw_rate_gain"], r["final_win_or_draw_rate_gain_ci"], signed=True),
+         with_ci(r["final_mean_return_gain"], r["final_mean_return_gain_ci"], signed=True),
+         f"{fmt(r['invalid_rate_start'], 3)} -> {fmt(r['invalid_rate'], 3)}")
+        for r in rows))
 
 
 def _opponents(split: str, rows: Sequence[Mapping[str, Any]], title: str) -> list[str]:
-    lines = ["", f"## {split} opponents: {title}", "",
-             "| opponent | meta-episodes | first win | final win [95% CI] | first -> final gain | win or draw | "
-             "final return [95% CI] | ceiling (first / final k) | final / ceiling | invalid rate |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['opponent']} | {r['meta_episodes']} | {fmt(r['first_win_rate'])} | "
-            f"{with_ci(r['final_win_rate'], r['final_win_rate_ci'])} | "
-            f"{with_ci(r['win_rate_gain'], r['win_rate_gain_ci'], signed=True)} | {fmt(r['final_win_or_draw_rate'])} | "
-            f"{with_ci(r['final_mean_return'], r['final_mean_return_ci'], signed=True)} | "
-            f"{fmt(r['max_win_probability'])} / {fmt(r['win_ceiling_final'])} | "
-            f"{with_ci(r['final_win_vs_ceiling'], r['final_win_vs_ceiling_ci'])} | {fmt(r['invalid_rate'], 3)} |"
-        )
-    return lines
+    columns = ("opponent", "meta-episodes", "first win", "final win [95% CI]", "first -> final gain", "win or draw",
+               "final return [95% CI]", "ceiling (first / final k)", "final / ceiling", "invalid rate")
+    return _table(f"{split} opponents: {title}", columns, (
+        (r["opponent"], fmt(r["meta_episodes"]), fmt(r["first_win_rate"]),
+         with_ci(r["final_win_rate"], r["final_win_rate_ci"]),
+         with_ci(r["win_rate_gain"], r["win_rate_gain_ci"], signed=True), fmt(r["final_win_or_draw_rate"]),
+         with_ci(r["final_mean_return"], r["final_mean_return_ci"], signed=True),
+         f"{fmt(r['max_win_probability'])} / {fmt(r['win_ceiling_final'])}",
+         with_ci(r["final_win_vs_ceiling"], r["final_win_vs_ceiling_ci"]), fmt(r["invalid_rate"], 3))
+        for r in rows))
 
 
 def _episodes(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["", f"## {split} opponents: per episode k", "",
-             "| opponent | k | played | win rate | draw rate | mean return | pass@k [95% CI] | ceiling of pass@k | "
-             "pass@k / ceiling | return / ceiling | invalid rate |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['opponent']} | {r['episode']} | {r['played']} | {fmt(r['win_rate'])} | {fmt(r['draw_rate'])} | "
-            f"{fmt(r['mean_return'], signed=True)} | {with_ci(r['pass_at_k'], r['pass_at_k_ci'])} | "
-            f"{fmt(r['pass_at_k_ceiling'])} | {fmt(r['pass_at_k_vs_ceiling'])} | {fmt(r['return_vs_ceiling'])} | "
-            f"{fmt(r['invalid_rate'], 3)} |"
-        )
-    return lines
+    columns = ("opponent", "k", "played", "win rate", "draw rate", "mean return", "pass@k [95% CI]",
+               "ceiling of pass@k", "pass@k / ceiling", "return / ceiling", "invalid rate")
+    return _table(f"{split} opponents: per episode k", columns, (
+        (r["opponent"], fmt(r["episode"]), fmt(r["played"]), fmt(r["win_rate"]), fmt(r["draw_rate"]),
+         fmt(r["mean_return"], signed=True), with_ci(r["pass_at_k"], r["pass_at_k_ci"]), fmt(r["pass_at_k_ceiling"]),
+         fmt(r["pass_at_k_vs_ceiling"]), fmt(r["return_vs_ceiling"]), fmt(r["invalid_rate"], 3))
+        for r in rows))
 
 
 def to_markdown(report: Mapping[str, Any]) -> str:
