@@ -1,13 +1,17 @@
-"""Rollout throughput: the batched engine against a sequential loop, side by side.
+"""Rollout throughput: the batched engine against a sequential loop, and the ``hf`` backend
+against ``vllm``, side by side.
 
-Both modes play the same planned Kuhn meta-episodes (64 by default: 8 groups of 8,
-N = 3 episodes) with the ``hf`` backend and the same model. ``batched`` sends every live
-meta-episode's call to the backend together; ``sequential`` makes one backend call per
-environment step (``concurrency=1``). Each mode runs in its own subprocess so its peak
-memory (max RSS) is its own; the speed ratio comes from the same invocation.
+Every mode plays the same planned Kuhn meta-episodes (64 by default: 8 groups of 8,
+N = 3 episodes) with the same model. ``batched`` sends every live meta-episode's call to
+the ``hf`` backend together; ``sequential`` makes one ``hf`` call per environment step
+(``concurrency=1``); ``vllm`` is ``batched`` with the ``vllm`` backend (vLLM's CPU build
+here; its engine start is timed apart, not in the rollout). Each mode runs in its own
+subprocess so its peak memory (max RSS, vLLM's engine process included) is its own; the
+ratios come from the same invocation.
 
     python benchmarks/rollout_throughput.py                 # random tiny-size model
-    python benchmarks/rollout_throughput.py --model-dir artifacts/models/tiny
+    python benchmarks/rollout_throughput.py --model-dir artifacts/models/tiny-kuhn_poker
+    python benchmarks/rollout_throughput.py --modes batched vllm
 
 Prints a Markdown table (paste it into BENCHMARKS.md with the machine line).
 """
@@ -26,6 +30,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MODES = ("batched", "sequential", "vllm")
 
 
 def build_random_model(directory: Path) -> None:
@@ -60,8 +66,15 @@ def worker(args: argparse.Namespace) -> None:
     entries = [e for e in population_entries(cfg) if e.split == "train"]
     groups = args.metas // args.group_size
     specs = plan_meta_episodes(entries, groups, args.group_size, seed=args.seed)
-    concurrency = None if args.worker == "batched" else 1
-    backend = HFBackend(args.model_dir, batch_size=args.metas)
+    concurrency = 1 if args.worker == "sequential" else None
+    started = time.perf_counter()
+    if args.worker == "vllm":
+        from mage.backends.vllm import VLLMBackend
+
+        backend = VLLMBackend(args.model_dir, dtype="float32", max_model_len=2048)
+    else:
+        backend = HFBackend(args.model_dir, batch_size=args.metas)
+    start_seconds = time.perf_counter() - started
     engine = RolloutEngine(
         backend, RolloutConfig(group_size=args.group_size, episodes=args.episodes, concurrency=concurrency), cfg.game.params
     )
@@ -78,8 +91,11 @@ def worker(args: argparse.Namespace) -> None:
         "generation_seconds": stats.generation_seconds,
         "outside_generation_share": stats.outside_generation_share,
         "rows": table.height,
-        "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "start_seconds": start_seconds,
+        "max_rss_mib": max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+        / 1024,
     }))
+    backend.close()
 
 
 def main() -> None:
@@ -91,7 +107,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--worker", choices=["batched", "sequential"], help=argparse.SUPPRESS)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=None, help="default: all (vllm where installed)")
+    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
@@ -102,7 +119,10 @@ def main() -> None:
             model_dir = Path(tmp) / "model"
             build_random_model(model_dir)
         results = {}
-        for mode in ("batched", "sequential"):
+        import importlib.util
+
+        modes = args.modes or [m for m in MODES if m != "vllm" or importlib.util.find_spec("vllm")]
+        for mode in modes:
             command = [sys.executable, __file__, "--worker", mode, "--model-dir", str(model_dir)]
             for flag in ("metas", "group_size", "episodes", "max_new_tokens", "threads", "seed"):
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
@@ -114,15 +134,17 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{args.threads} threads; model: {args.model_dir or 'random tiny-size Qwen2'}; {time.strftime('%Y-%m-%d')}")
     print(f"workload: {args.metas} Kuhn meta-episodes, N={args.episodes}, max_new_tokens={args.max_new_tokens}\n")
-    print("| mode | calls | backend calls | meta-episodes/s | generated tokens/s | outside generation | peak RSS (MiB) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | backend | calls | backend calls | engine start (s) | meta-episodes/s | generated tokens/s "
+          "| outside generation | peak RSS (MiB) | meta-episodes/s vs batched hf |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rate = {mode: r["meta_episodes"] / r["seconds"] for mode, r in results.items()}
     for mode, r in results.items():
-        print(f"| {mode} | {r['calls']} | {r['backend_calls']} | {r['meta_episodes'] / r['seconds']:.2f} | "
-              f"{r['generated_tokens'] / r['seconds']:.0f} | {100 * r['outside_generation_share']:.1f}% | {r['max_rss_mib']:.0f} |")
-    speedup = (results["batched"]["meta_episodes"] / results["batched"]["seconds"]) / (
-        results["sequential"]["meta_episodes"] / results["sequential"]["seconds"]
-    )
-    print(f"\nbatched / sequential meta-episodes/s: {speedup:.1f}x")
+        versus = f"{rate[mode] / rate['batched']:.2f}x" if "batched" in rate else ""
+        print(f"| {mode} | {'vllm' if mode == 'vllm' else 'hf'} | {r['calls']} | {r['backend_calls']} | "
+              f"{r['start_seconds']:.1f} | {rate[mode]:.2f} | {r['generated_tokens'] / r['seconds']:.0f} | "
+              f"{100 * r['outside_generation_share']:.1f}% | {r['max_rss_mib']:.0f} | {versus} |")
+    if "batched" in rate and "sequential" in rate:
+        print(f"\nbatched / sequential meta-episodes/s: {rate['batched'] / rate['sequential']:.1f}x")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,12 @@ class Settings:
         _check_game_and_population(raw)
         from mage.evaluation import EvalConfig
 
+        train = build(TrainConfig, raw.get("train"), "train")
+        if backend == "vllm" and train.checkpoint_every != 1:
+            # The engine loads each new policy from its checkpoint; with fewer checkpoints it would
+            # sample from an older policy than the one PPO treats as on-policy.
+            raise SettingsError(f"train.checkpoint_every: must be 1 with engine.backend=vllm (the engine serves each "
+                                f"iteration's policy from its checkpoint), got {train.checkpoint_every}")
         eval_raw = dict(raw.get("eval") or {})
         eval_sampling = build(SamplingSettings, eval_raw.pop("sampling", {}), "eval.sampling")
         return cls(
@@ -204,7 +210,7 @@ class Settings:
             engine=EngineConfig(rollout, int(groups), backend, options[backend], sampling),
             model=model,
             algo=build(AlgoConfig, algo_raw, "algo"),
-            train=build(TrainConfig, raw.get("train"), "train"),
+            train=train,
             eval=build(EvalConfig, eval_raw, "eval", sampling=eval_sampling),
             flow=build(FlowConfig, raw.get("flow"), "flow"),
             seed=int(raw.get("seed", 0)),

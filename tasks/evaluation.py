@@ -47,7 +47,7 @@ def evaluate_checkpoint(
         table = evaluate(settings, backend, dataclasses.replace(cfg, split=split), progress=False,
                          run_id=settings.run_name, iteration=loaded.iteration if loaded else 0)
     finally:
-        backend.close()
+        backend.release()  # vllm: the process's engine stays for the next evaluation
     directory = Path(out_dir) if out_dir else default_evaluation_dir(settings, checkpoint)
     table_ref = FileRef.of(write_trajectories(table, directory / f"{split}.parquet"))
     per_episode = rollout_metrics(table)

@@ -63,19 +63,70 @@ def prefect_harness():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip GPU-only tests where no CUDA GPU is present, and vLLM ones without the extra."""
+    """Skip GPU-only tests where no CUDA GPU is present, and vLLM ones where vLLM is not
+    installed (scripts/setup.sh installs its CPU build on x86-64 Linux). CI sets
+    MAGE_REQUIRE_VLLM=1: there a missing vLLM fails those tests instead."""
     import importlib.util
 
     import torch
 
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
-    no_vllm = pytest.mark.skip(reason="needs the vllm extra (pip install -e '.[gpu]') and a GPU")
-    has_vllm = importlib.util.find_spec("vllm") is not None
+    no_vllm = pytest.mark.skip(reason="needs vLLM: scripts/setup.sh (CPU build, x86-64 Linux) or MAGE_GPU=1 scripts/setup.sh")
+    has_vllm = importlib.util.find_spec("vllm") is not None or os.environ.get("MAGE_REQUIRE_VLLM") == "1"
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(no_gpu)
-        if "vllm" in item.keywords and not (has_vllm and torch.cuda.is_available()):
+        if "vllm" in item.keywords and not has_vllm:
             item.add_marker(no_vllm)
+
+
+#: Replies the taught model gives, greedily, to three prompts (tests of stop strings per phase
+#: and of thinking): a reflection quoting an action, and thinking that quotes one.
+TAUGHT = {
+    "Your card: King (K). It is your turn.": "<action>bet</action> and then </remark> more words",
+    "Reflect on the episode.": "<remark>next time <action>bet</action> early</remark> and more words",
+    "Think, then act.": "<think>maybe <action>check</action> no</think><action>bet</action> and more words",
+}
+
+
+@pytest.fixture(scope="session")
+def taught_model_dir(tmp_path_factory):
+    """A small model (head size 32: vLLM's CPU attention needs >= 32) trained to answer the
+    TAUGHT prompts (chat-formatted) with their replies, saved to a directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mage.backends.chat import format_prompt
+    from mage.models.tiny import random_model, train_tokenizer
+
+    directory = tmp_path_factory.mktemp("taught-model")
+    tokenizer = train_tokenizer(game_text_corpus() + list(TAUGHT) + list(TAUGHT.values()), vocab_size=400)
+    model = random_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    rows = []
+    for prompt, reply in TAUGHT.items():
+        prompt_ids = tokenizer(format_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+        reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
+        rows.append((prompt_ids + reply_ids, len(prompt_ids)))
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
+    labels = ids.clone()
+    for r, (row, prompt_length) in enumerate(rows):
+        labels[r, :prompt_length] = -100
+        labels[r, len(row):] = -100
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = model(ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.02
+    model.save_pretrained(directory)
+    return directory
 
 
 # -- a real Prefect server, as a researcher starts one ---------------------------------------
@@ -157,3 +208,14 @@ def prefect_server(tmp_path_factory):
         yield {"env": env, "api": api, "ui": f"http://127.0.0.1:{port}", "log": log}
     finally:
         stop_process(server)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_engine_shut_down_before_exit():
+    """Shut a vLLM engine that tests left for reuse down while pytest still captures its logs
+    (at interpreter exit, atexit would log to closed streams)."""
+    import sys
+
+    yield
+    if "mage.backends.vllm" in sys.modules:
+        sys.modules["mage.backends.vllm"].shutdown_engine()

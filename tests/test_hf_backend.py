@@ -54,9 +54,9 @@ def test_micro_batches_hold_one_phase_and_answers_keep_request_order(tiny_model_
     seen: list[list[int]] = []
     generate_batch = backend._generate_batch
 
-    def spy(prompt_ids, sampling):
+    def spy(prompt_ids, sampling, phase):
         seen.append([ids for ids in prompt_ids])
-        return generate_batch(prompt_ids, sampling)
+        return generate_batch(prompt_ids, sampling, phase)
 
     backend._generate_batch = spy
     answers = backend.generate(requests, greedy)

@@ -1,8 +1,17 @@
 """Generation backends: ``hf`` (transformers), ``vllm`` (GPU extra) and ``scripted``."""
 
-from mage.backends.base import STOP_STRINGS, Backend, Generation, GenerationRequest, SamplingSettings
+from mage.backends.base import (
+    PHASE_STOP_STRINGS,
+    STOP_STRINGS,
+    Backend,
+    Generation,
+    GenerationRequest,
+    SamplingSettings,
+    thinking_open,
+)
 
-__all__ = ["STOP_STRINGS", "Backend", "Generation", "GenerationRequest", "SamplingSettings"]
+__all__ = ["PHASE_STOP_STRINGS", "STOP_STRINGS", "Backend", "Generation", "GenerationRequest", "SamplingSettings",
+           "thinking_open"]
 
 
 def make_backend(kind: str, **options: object) -> Backend:

@@ -10,6 +10,16 @@ Log-probs are the policy's own: ``log_softmax`` of the model's raw logits at tem
 1, before temperature, top-k or top-p reshape the sampling distribution. They are what a
 teacher-forced forward pass of the same model gives, and what PPO's ratio compares (the
 trainer still recomputes them; the rollout's copy is for checks and diagnostics).
+
+Stop strings follow the phase (:func:`stop_strings`): a play reply ends at ``</action>``, a
+reflection at ``</remark>``, so a reflection that quotes ``<action>bet</action>`` in its plan
+is not cut there. A stop string inside an open ``<think>`` block (Qwen3 thinking may quote
+tags while deliberating) does not end the reply; every backend applies both rules.
+
+Seeds: a request may carry its own ``seed`` (the engine derives one per meta-episode and
+call), so the members of a group sample independently even when they share a prompt, and a
+run repeats given its seed. ``SamplingSettings.seed`` seeds a whole batch where a backend
+cannot seed requests one by one (``hf``).
 """
 
 from __future__ import annotations
@@ -19,18 +29,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-STOP_STRINGS = ("</action>", "</remark>")
+#: The closing tag that ends a reply, per phase.
+PHASE_STOP_STRINGS: dict[str, tuple[str, ...]] = {"play": ("</action>",), "reflect": ("</remark>",)}
+STOP_STRINGS = tuple(s for stops in PHASE_STOP_STRINGS.values() for s in stops)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Sampling settings; ``top_k = 0`` and ``top_p = 1.0`` switch those filters off."""
+    """Sampling settings; ``top_k = 0`` and ``top_p = 1.0`` switch those filters off.
+
+    ``stop`` None (the default) ends each reply at its phase's closing tag
+    (:data:`PHASE_STOP_STRINGS`); a tuple replaces that for every phase (``()``: no stop string)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 256
-    stop: tuple[str, ...] = STOP_STRINGS
+    stop: tuple[str, ...] | None = None
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -42,7 +58,22 @@ class SamplingSettings:
             raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        object.__setattr__(self, "stop", tuple(self.stop))
+        if self.stop is not None:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    def stop_for(self, phase: str) -> tuple[str, ...]:
+        """The stop strings of a ``phase`` reply."""
+        return PHASE_STOP_STRINGS.get(phase, STOP_STRINGS) if self.stop is None else self.stop
+
+
+def thinking_open(text: str, open_at_start: bool = False) -> bool:
+    """Whether ``text`` ends inside a ``<think>`` block (ASCII case-insensitive, as the parser);
+    ``open_at_start``: the block was opened before ``text`` began (by the prompt)."""
+    lower = text.lower()
+    opened, closed = lower.rfind(THINK_OPEN), lower.rfind(THINK_CLOSE)
+    if opened < 0 and closed < 0:
+        return open_at_start
+    return opened > closed
 
 
 @dataclass
@@ -52,6 +83,7 @@ class GenerationRequest:
     prompt: str
     phase: str = "play"  # "play" or "reflect"
     context: Any = None  # the live Episode; real backends never look at it
+    seed: int | None = None  # this request's sampling seed (None: the batch's)
 
 
 @dataclass
@@ -81,4 +113,16 @@ class Backend(ABC):
         """Tokens each prompt takes once formatted for the model (chat template included)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the backend's resources (GPU memory, worker processes)."""
+        """Free the backend's resources (GPU memory, worker processes)."""
+
+    def release(self) -> None:
+        """Done with this backend for now. By default it is closed; a backend whose engine is
+        kept for the whole process (``vllm``: a second engine in one process fails its start)
+        leaves the engine running for the next user (evaluation after training)."""
+        self.close()
+
+    def sleep(self) -> None:  # noqa: B027 - optional hook
+        """Give the accelerator's memory to the trainer until :meth:`wake_up` (``vllm``'s sleep mode)."""
+
+    def wake_up(self) -> None:  # noqa: B027 - optional hook
+        """Take the memory back after :meth:`sleep`."""

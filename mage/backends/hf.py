@@ -12,13 +12,14 @@ Two small hooks ride along ``generate``:
   token's log-prob one step later (memory: one ``batch x vocab`` tensor, not one per step);
 * :class:`_FinishRecorder`, a stopping criterion wrapping transformers' own
   ``StopStringCriteria``, records where each sequence ended (stop string or end of
-  sequence), so padding after the end is never mistaken for response tokens.
+  sequence), so padding after the end is never mistaken for response tokens. A stop string
+  completed inside an open ``<think>`` block is ignored (the row's text is decoded only
+  when a stop string fires, which is rare).
 """
 
 from __future__ import annotations
 
 import itertools
-
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,10 @@ from transformers import (
     StopStringCriteria,
 )
 
-from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
+from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings, thinking_open
 from mage.backends.chat import format_prompt
 from mage.models.policy import DTYPES
 from mage.train.batching import common_prefix_length
-
 
 
 class _RawLogProbs(LogitsProcessor):
@@ -72,15 +72,22 @@ class _RawLogProbs(LogitsProcessor):
 class _FinishRecorder(StoppingCriteria):
     """Stops on stop strings or end of sequence and records each sequence's length."""
 
-    def __init__(self, stop: StopStringCriteria | None, eos_ids: Sequence[int], prompt_length: int, batch: int) -> None:
-        self.stop, self.prompt_length = stop, prompt_length
+    def __init__(self, stop: StopStringCriteria | None, eos_ids: Sequence[int], prompt_length: int, batch: int,
+                 tokenizer: Any = None, thinking_at_start: Sequence[bool] = ()) -> None:
+        self.stop, self.prompt_length, self.tokenizer = stop, prompt_length, tokenizer
         self.eos_ids = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
         self.lengths = torch.full((batch,), -1, dtype=torch.long)
+        self.thinking_at_start = list(thinking_at_start) or [False] * batch
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         done = torch.isin(input_ids[:, -1].cpu(), self.eos_ids)
         if self.stop is not None:
-            done |= self.stop(input_ids, scores).cpu()
+            stopped = self.stop(input_ids, scores).cpu() & (self.lengths < 0)
+            for row in torch.nonzero(stopped).flatten().tolist():
+                reply = self.tokenizer.decode(input_ids[row, self.prompt_length :], skip_special_tokens=True)
+                if thinking_open(reply, self.thinking_at_start[row]):
+                    stopped[row] = False  # a tag quoted while thinking
+            done |= stopped
         newly = done & (self.lengths < 0)
         self.lengths[newly] = input_ids.shape[1] - self.prompt_length
         return (self.lengths >= 0).to(input_ids.device)
@@ -246,11 +253,13 @@ class HFBackend(Backend):
         return _to_static(cache, torch.tensor(owner, device=self.device), self.model.config, max_length)
 
     @torch.inference_mode()
-    def _generate_batch(self, prompt_ids: list[list[int]], sampling: SamplingSettings) -> list[Generation]:
+    def _generate_batch(self, prompt_ids: list[list[int]], sampling: SamplingSettings, phase: str) -> list[Generation]:
         shared, input_ids, attention = self._layout(prompt_ids)
         width = input_ids.shape[1]
         recorder = _RawLogProbs(width)
-        finish = _FinishRecorder(self._stop_criteria(sampling.stop), self._eos_ids(), width, len(prompt_ids))
+        opened = [thinking_open(self.tokenizer.decode(ids[-8:])) for ids in prompt_ids]  # the template's tail
+        finish = _FinishRecorder(self._stop_criteria(sampling.stop_for(phase)), self._eos_ids(), width, len(prompt_ids),
+                                 self.tokenizer, opened)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -304,6 +313,7 @@ class HFBackend(Backend):
             chunks += [rows[start : start + self.batch_size] for start in range(0, len(rows), self.batch_size)]
         results: list[Generation | None] = [None] * len(prompt_ids)
         for chunk in chunks:
-            for index, generation in zip(chunk, self._generate_batch([prompt_ids[i] for i in chunk], sampling)):
+            batch = self._generate_batch([prompt_ids[i] for i in chunk], sampling, requests[chunk[0]].phase)
+            for index, generation in zip(chunk, batch):
                 results[index] = generation
         return results  # type: ignore[return-value]

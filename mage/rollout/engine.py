@@ -173,6 +173,11 @@ class MetaEpisode:
             self._start_episode()
 
     # -- calls -----------------------------------------------------------------------------
+    @property
+    def calls(self) -> int:
+        """LLM calls answered so far."""
+        return len(self.rows) + len(self.episode_rows)
+
     def request(self, count_tokens, max_tokens: int | None) -> tuple[GenerationRequest, prompts.Prompt]:
         common = dict(count_tokens=count_tokens, max_tokens=max_tokens, overflow=self.cfg.prompt_overflow)
         if self.phase == "reflect":
@@ -301,6 +306,12 @@ class RolloutEngine:
                 meta = MetaEpisode(spec, games[key], self.cfg, base)
                 (finished if meta.done else live).append(meta)
             calls = self._requests(live, max_tokens)
+            if sampling.seed is not None:
+                # Each call its own seed, from the meta-episode and its call number: the members of
+                # a group differ though they share a prompt, and the seed does not depend on what
+                # else is in the batch (concurrency, shards).
+                for meta, (request, _) in zip(live, calls):
+                    request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.calls)
             step_sampling = sampling if sampling.seed is None else _reseeded(sampling, step)
             t0 = time.perf_counter()
             generations = self.backend.generate([request for request, _ in calls], step_sampling)

@@ -86,11 +86,12 @@ def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint
         return make_backend("hf", model=policy.model, tokenizer=policy.tokenizer, chat=model.chat,
                             enable_thinking=model.enable_thinking, **options)
     if engine.backend == "vllm":
-        if checkpoint is not None and checkpoint.kind == "full":
-            source, adapter = str(checkpoint.path), None
-        else:
-            source, adapter = ensure_model(settings), (checkpoint.path if checkpoint is not None else None)
-        return make_backend("vllm", model=source, adapter=adapter, dtype=model.dtype, chat=model.chat,
+        # The process's engine (started once, on the base model): the checkpoint is the policy it serves.
+        kind = checkpoint.kind if checkpoint is not None else None
+        return make_backend("vllm", model=ensure_model(settings), dtype=model.dtype, chat=model.chat,
+                            adapter=checkpoint.path if kind == "lora" else None,
+                            weights=checkpoint.path if kind == "full" else None,
+                            lora_rank=model.lora.r if model.lora is not None else None,
                             enable_thinking=model.enable_thinking, seed=settings.seed, **options)
     return make_backend("scripted", **options)
 
@@ -180,8 +181,14 @@ class TrainingState:
     def update(self, table: pl.DataFrame, iteration: int) -> dict[str, float]:
         """One PPO update on a scored table; the seed and the learning rate follow the
         iteration, so a resumed run replays the same update."""
-        return self.trainer.update(table, seed=derive_seed(self.settings.seed, iteration, 1),
-                                   learning_rate=self.settings.train.learning_rate_at(iteration))
+        if self._backend is not None:
+            self._backend.sleep()  # vLLM's sleep mode: the trainer gets the GPU memory
+        try:
+            return self.trainer.update(table, seed=derive_seed(self.settings.seed, iteration, 1),
+                                       learning_rate=self.settings.train.learning_rate_at(iteration))
+        finally:
+            if self._backend is not None:
+                self._backend.wake_up()
 
     def save(self, iteration: int, metrics: dict[str, Any]) -> ckpt.Checkpoint:
         """Checkpoint the current weights, optimizer and RNG state as iteration ``iteration``."""
@@ -194,11 +201,8 @@ class TrainingState:
         ckpt.prune_checkpoints(paths.checkpoints, self.settings.train.keep_checkpoints)
         self.checkpoint = saved
         if self._backend is not None and self.settings.engine.backend == "vllm":
-            if saved.kind == "lora":  # serve the new adapter
-                self._backend.set_adapter(saved.path)  # type: ignore[attr-defined]
-            else:  # full weights: vLLM loads them anew
-                self._backend.close()
-                self._backend = None
+            # the engine generates with the new policy: a new adapter, or the weights loaded in place
+            self._backend.load_checkpoint(saved.path, saved.kind)  # type: ignore[attr-defined]
         return saved
 
 

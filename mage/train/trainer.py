@@ -140,6 +140,20 @@ class PolicyTrainer:
             batch.rows = [index[r] for r in batch.rows]
         return batches
 
+    def logprobs(self, table: pl.DataFrame) -> list[list[float]]:
+        """The policy's teacher-forced log-probs of every row's response tokens (what the PPO
+        ratio's denominator is), as lists; rows without response tokens give []."""
+        prompts = table["prompt_token_ids"].to_list()
+        responses = table["response_token_ids"].to_list()
+        lengths = [len(r) for r in responses]
+        rows = [i for i, n in enumerate(lengths) if n]
+        out: list[list[float]] = [[] for _ in lengths]
+        if rows:
+            scored = self._score(self._batches(prompts, responses, rows, batching="bucketed"), lengths, reference=False)
+            for i in rows:
+                out[i] = scored[i].tolist()
+        return out
+
     # -- the update ----------------------------------------------------------------------
     def update(self, table: pl.DataFrame, seed: int = 0, learning_rate: float | None = None) -> dict[str, float]:
         """One PPO update on ``table`` (it must have an ``advantage`` column).
@@ -208,6 +222,13 @@ class PolicyTrainer:
                     totals["grad_norm"] += float(grad_norm)
         seconds = time.perf_counter() - started
         metrics = {key: value / max(steps, 1) for key, value in totals.items()}
+        # Off-policy drift: the rollout's log-probs against the trainer's for the same tokens.
+        # Near 0 when the generating engine serves the policy being trained (numerical noise).
+        recorded = table["response_logprobs"].to_list() if "response_logprobs" in table.columns else []
+        gaps = [abs(a - b) for row, mine in zip(recorded, old) if row and len(row) == len(mine)
+                for a, b in zip(row, mine.tolist())]
+        if gaps:
+            metrics.update(rollout_logprob_gap_mean=float(np.mean(gaps)), rollout_logprob_gap_max=float(np.max(gaps)))
         metrics.update(
             optimizer_steps=steps,
             learning_rate=learning_rate,
