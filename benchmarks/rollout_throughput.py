@@ -127,7 +127,8 @@ def main() -> None:
             for flag in ("metas", "group_size", "episodes", "max_new_tokens", "threads", "seed"):
                 command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            results[mode] = json.loads(output.strip().splitlines()[-1])
+            # the worker's result is its one JSON line (vLLM logs to stdout too)
+            results[mode] = json.loads(next(line for line in output.splitlines() if line.startswith('{"mode"')))
 
     import torch
 
