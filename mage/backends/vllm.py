@@ -110,8 +110,8 @@ class Engine:
         self.reload_in_place = self.on_gpu
         self.asleep = False
         self.llm: Any = None
-        self._staging = Path(tempfile.mkdtemp(prefix="mage-vllm-weights-"))
         self._start(spec.model)
+        self._staging = Path(tempfile.mkdtemp(prefix="mage-vllm-weights-"))
         self.weights = spec.model  # where the weights it holds come from
 
     def _start(self, model_dir: str) -> None:
