@@ -11,7 +11,7 @@ Log-probs are the policy's own: ``log_softmax`` of the model's raw logits at tem
 teacher-forced forward pass of the same model gives, and what PPO's ratio compares (the
 trainer still recomputes them; the rollout's copy is for checks and diagnostics).
 
-Stop strings follow the phase (:func:`stop_strings`): a play reply ends at ``</action>``, a
+Stop strings follow the phase (:data:`PHASE_STOP_STRINGS`, :meth:`SamplingSettings.stop_for`): a play reply ends at ``</action>``, a
 reflection at ``</remark>``, so a reflection that quotes ``<action>bet</action>`` in its plan
 is not cut there. A stop string inside an open ``<think>`` block (Qwen3 thinking may quote
 tags while deliberating) does not end the reply; every backend applies both rules.

@@ -32,13 +32,14 @@ prefix-cached) until it stops outside one.
 Memory on a GPU: the trainer and the engine share the card. ``gpu_memory_utilization`` is
 the engine's share (weights plus KV cache); with ``sleep_mode`` the engine also sleeps
 while the trainer updates (level 1 with LoRA: its weights wait in CPU memory; level 2 with
-full fine-tuning: they are reloaded from the new checkpoint anyway). README: "GPU memory".
+full fine-tuning: the next batch loads the weights of its policy, the new checkpoint). README: "GPU memory".
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
+import itertools
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -157,11 +158,14 @@ class Engine:
         return str(self._staging)
 
     def load_weights(self, source: str) -> None:
-        """Hold the full weights of ``source`` (a model or full checkpoint directory)."""
+        """Hold the full weights of ``source`` (the base model, or a full checkpoint directory)."""
         if source == self.weights:
             return
+        self.weights = ""  # unknown until the load completes: a failed load is retried, never trusted
         if self.reload_in_place:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self._stage(source, everything=False)})
+            # the base model's own directory (or hub id) holds only its weights; a checkpoint's is staged
+            path = source if source == self.spec.model else self._stage(source, everything=False)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
             self.llm.reset_prefix_cache()  # its keys and values came from the old weights
         else:
             self._stop()
@@ -180,9 +184,8 @@ class Engine:
             torch.cuda.empty_cache()  # the trainer's cached blocks, so the engine can map its memory again
             self.llm.wake_up()
             self.asleep = False
-            if not self.spec.max_lora_rank:  # level 2 dropped the weights: load them again
-                source, self.weights = self.weights, ""
-                self.load_weights(source)
+            if not self.spec.max_lora_rank:  # level 2 dropped the weights: the next batch loads its policy's
+                self.weights = ""
 
     def _stop(self) -> None:
         llm, self.llm = self.llm, None
@@ -286,8 +289,8 @@ class VLLMBackend(Backend):
 
         if self.engine.spec.max_lora_rank is None:
             raise ValueError("this vLLM engine was started without LoRA (full fine-tuning)")
-        _ADAPTER_IDS[0] += 1
-        self.lora_request = LoRARequest(f"adapter-{_ADAPTER_IDS[0]}", _ADAPTER_IDS[0], str(adapter))
+        adapter_id = next(_ADAPTER_IDS)  # atomic: threads never share an id (vLLM caches adapters by id)
+        self.lora_request = LoRARequest(f"adapter-{adapter_id}", adapter_id, str(adapter))
 
     def set_weights(self, weights: str | Path) -> None:
         """Generate with the full weights of a checkpoint (loaded in place before the next batch)."""
@@ -299,8 +302,13 @@ class VLLMBackend(Backend):
 
     # -- prompts ---------------------------------------------------------------------------
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        texts = [format_prompt(self.tokenizer, p, self.chat, self.enable_thinking) for p in prompts]
-        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        with _LOCK:  # a fast tokenizer shared by threads can fail with "Already borrowed"
+            texts = [format_prompt(self.tokenizer, p, self.chat, self.enable_thinking) for p in prompts]
+            return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        with _LOCK:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def count_prompt_tokens(self, prompts: Sequence[str]) -> list[int]:
         return [len(ids) for ids in self.encode(prompts)]
@@ -327,8 +335,7 @@ class VLLMBackend(Backend):
             if self.engine.llm is None:
                 raise RuntimeError("the vLLM engine was shut down (close()); make a new backend")
             self.engine.wake_up()
-            if self.lora_request is None:
-                self.engine.load_weights(self.weights)
+            self.engine.load_weights(self.weights)  # LoRA views: the base model under the adapter
             outputs = self.engine.llm.generate(
                 [TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, lora_request=self.lora_request,
                 use_tqdm=False,
@@ -343,7 +350,7 @@ class VLLMBackend(Backend):
         prompt_ids = self.encode([r.prompt for r in requests])
         seeds = [r.seed if r.seed is not None else (None if sampling.seed is None else derive_seed(sampling.seed, i))
                  for i, r in enumerate(requests)]
-        thinking = [thinking_open(self.tokenizer.decode(ids[-8:])) for ids in prompt_ids]  # opened by the template
+        thinking = [thinking_open(self.decode(ids[-8:])) for ids in prompt_ids]  # opened by the template
         replies: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "text": "", "finish": "stop"} for _ in requests]
         pending = list(range(len(requests)))
         for round_ in range(MAX_THINKING_CONTINUATIONS + 1):
@@ -359,14 +366,19 @@ class VLLMBackend(Backend):
             for i, completion in zip(pending, completions):
                 reply = replies[i]
                 tokens = list(completion.token_ids)
+                if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+                    raise RuntimeError(f"vLLM returned {len(completion.logprobs or [])} log-probs for {len(tokens)} tokens")
                 reply["tokens"] += tokens
-                reply["logprobs"] += [float(step[t].logprob) for step, t in zip(completion.logprobs or [], tokens)]
-                reply["text"] = self.tokenizer.decode(reply["tokens"], skip_special_tokens=True)
+                reply["logprobs"] += [float(step[t].logprob) for step, t in zip(completion.logprobs, tokens)]
+                reply["text"] = self.decode(reply["tokens"])
                 reply["finish"] = "length" if completion.finish_reason == "length" else "stop"
-                stopped_on_tag = isinstance(completion.stop_reason, str)
-                room = sampling.max_new_tokens - len(reply["tokens"])
-                if stopped_on_tag and room > 0 and thinking_open(reply["text"], thinking[i]):
-                    continued.append(i)  # a tag quoted while thinking: go on
+                if isinstance(completion.stop_reason, str) and thinking_open(reply["text"], thinking[i]):
+                    # a tag quoted while thinking: go on, or, out of room, end as hf does (at the limit)
+                    room = sampling.max_new_tokens - len(reply["tokens"])
+                    if room > 0 and round_ < MAX_THINKING_CONTINUATIONS:
+                        continued.append(i)
+                    else:
+                        reply["finish"] = "length"
             pending = continued
             if not pending:
                 break
@@ -396,4 +408,4 @@ class VLLMBackend(Backend):
             self.engine.shutdown()
 
 
-_ADAPTER_IDS = [0]  # LoRA ids are unique per process: the engine outlives its views
+_ADAPTER_IDS = itertools.count(1)  # LoRA ids are unique per process: the engine outlives its views

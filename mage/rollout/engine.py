@@ -307,9 +307,10 @@ class RolloutEngine:
                 (finished if meta.done else live).append(meta)
             calls = self._requests(live, max_tokens)
             if sampling.seed is not None:
-                # Each call its own seed, from the meta-episode and its call number: the members of
-                # a group differ though they share a prompt, and the seed does not depend on what
-                # else is in the batch (concurrency, shards).
+                # Each call its own seed, from the rollout's seed, the meta-episode and its call
+                # number: the members of a group differ though they share a prompt, and the seed
+                # does not depend on what else is in the batch (concurrency). The rollout's seed is
+                # per (iteration, shard), so a different flow.rollout_shards draws other replies.
                 for meta, (request, _) in zip(live, calls):
                     request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.calls)
             step_sampling = sampling if sampling.seed is None else _reseeded(sampling, step)
