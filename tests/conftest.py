@@ -89,25 +89,15 @@ TAUGHT = {
 }
 
 
-@pytest.fixture(scope="session")
-def taught_model_dir(tmp_path_factory):
-    """A small model (head size 32: vLLM's CPU attention needs >= 32) trained to answer the
-    TAUGHT prompts (chat-formatted) with their replies, saved to a directory."""
+def teach(model, tokenizer, replies: dict[str, str], steps: int) -> float:
+    """Train ``model`` to answer each prompt of ``replies`` (chat-formatted, as the backends
+    send it) with its reply: AdamW at 1e-2 on the whole set; returns the last loss."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mage.backends.chat import format_prompt
-    from mage.models.tiny import random_model, train_tokenizer
 
-    directory = tmp_path_factory.mktemp("taught-model")
-    tokenizer = train_tokenizer(game_text_corpus() + list(TAUGHT) + list(TAUGHT.values()), vocab_size=400)
-    model = random_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
     rows = []
-    for prompt, reply in TAUGHT.items():
+    for prompt, reply in replies.items():
         prompt_ids = tokenizer(format_prompt(tokenizer, prompt), add_special_tokens=False)["input_ids"]
         reply_ids = tokenizer(reply, add_special_tokens=False)["input_ids"]
         rows.append((prompt_ids + reply_ids, len(prompt_ids)))
@@ -119,12 +109,31 @@ def taught_model_dir(tmp_path_factory):
         labels[r, len(row):] = -100
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(300):
+    for _ in range(steps):
         loss = model(ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert loss.item() < 0.02
+    return loss.item()
+
+
+@pytest.fixture(scope="session")
+def taught_model_dir(tmp_path_factory):
+    """A small model (head size 32: vLLM's CPU attention needs >= 32) trained to answer the
+    TAUGHT prompts (chat-formatted) with their replies, saved to a directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mage.models.tiny import random_model, train_tokenizer
+
+    directory = tmp_path_factory.mktemp("taught-model")
+    tokenizer = train_tokenizer(game_text_corpus() + list(TAUGHT) + list(TAUGHT.values()), vocab_size=400)
+    model = random_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    assert teach(model, tokenizer, TAUGHT, steps=300) < 0.02
     model.save_pretrained(directory)
     return directory
 

@@ -14,6 +14,8 @@ from mage.config import compose
 from mage.population import population_entries
 from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
 
+from conftest import teach
+
 
 def teacher_forced_logprobs(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
     """log p(response token | prefix) from one forward pass over prompt + response."""
@@ -91,21 +93,9 @@ def memorising_backend(tiny_model_dir):
     """The tiny model trained to answer one prompt with '<action>bet</action>' and trailing text."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    backend = HFBackend(model, tokenizer)
-    prompt_ids = backend.encode(["Your card: King (K). It is your turn."])[0]
-    target = tokenizer("<action>bet</action> and then some more words", add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([prompt_ids + target])
-    labels = ids.clone()
-    labels[0, : len(prompt_ids)] = -100
-    torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(150):
-        loss = model(ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.05
-    return backend
+    assert teach(model, tokenizer, {"Your card: King (K). It is your turn.": "<action>bet</action> and then some more words"},
+                 steps=150) < 0.05
+    return HFBackend(model, tokenizer)
 
 
 def test_stop_strings_end_the_reply(memorising_backend):

@@ -66,6 +66,12 @@ class SamplingSettings:
         return PHASE_STOP_STRINGS.get(phase, STOP_STRINGS) if self.stop is None else self.stop
 
 
+def prompt_opens_thinking(tokenizer: Any, prompt_ids: Sequence[int]) -> bool:
+    """Whether a formatted prompt leaves a ``<think>`` block open for the reply (some chat
+    templates end with ``<think>``; Qwen3's with thinking off closes an empty block)."""
+    return thinking_open(tokenizer.decode(list(prompt_ids[-8:])))
+
+
 def thinking_open(text: str, open_at_start: bool = False) -> bool:
     """Whether ``text`` ends inside a ``<think>`` block (ASCII case-insensitive, as the parser);
     ``open_at_start``: the block was opened before ``text`` began (by the prompt)."""

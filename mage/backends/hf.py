@@ -38,7 +38,14 @@ from transformers import (
     StopStringCriteria,
 )
 
-from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings, thinking_open
+from mage.backends.base import (
+    Backend,
+    Generation,
+    GenerationRequest,
+    SamplingSettings,
+    prompt_opens_thinking,
+    thinking_open,
+)
 from mage.backends.chat import format_prompt
 from mage.models.policy import DTYPES
 from mage.train.batching import common_prefix_length
@@ -257,7 +264,7 @@ class HFBackend(Backend):
         shared, input_ids, attention = self._layout(prompt_ids)
         width = input_ids.shape[1]
         recorder = _RawLogProbs(width)
-        opened = [thinking_open(self.tokenizer.decode(ids[-8:])) for ids in prompt_ids]  # the template's tail
+        opened = [prompt_opens_thinking(self.tokenizer, ids) for ids in prompt_ids]
         finish = _FinishRecorder(self._stop_criteria(sampling.stop_for(phase)), self._eos_ids(), width, len(prompt_ids),
                                  self.tokenizer, opened)
         was_training = self.model.training

@@ -47,7 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings, thinking_open
+from mage.backends.base import (
+    Backend,
+    Generation,
+    GenerationRequest,
+    SamplingSettings,
+    prompt_opens_thinking,
+    thinking_open,
+)
 from mage.backends.chat import format_prompt
 
 #: Ranks vLLM's LoRA kernels are built for (vllm.config.lora.MaxLoRARanks).
@@ -350,7 +357,8 @@ class VLLMBackend(Backend):
         prompt_ids = self.encode([r.prompt for r in requests])
         seeds = [r.seed if r.seed is not None else (None if sampling.seed is None else derive_seed(sampling.seed, i))
                  for i, r in enumerate(requests)]
-        thinking = [thinking_open(self.decode(ids[-8:])) for ids in prompt_ids]  # opened by the template
+        with _LOCK:
+            thinking = [prompt_opens_thinking(self.tokenizer, ids) for ids in prompt_ids]
         replies: list[dict[str, Any]] = [{"tokens": [], "logprobs": [], "text": "", "finish": "stop"} for _ in requests]
         pending = list(range(len(requests)))
         for round_ in range(MAX_THINKING_CONTINUATIONS + 1):
