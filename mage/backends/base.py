@@ -127,6 +127,10 @@ class Backend(ABC):
         leaves the engine running for the next user (evaluation after training)."""
         self.close()
 
+    def load_checkpoint(self, path: Any, kind: str) -> None:  # noqa: B027 - optional hook
+        """Generate with a training checkpoint from now on (``kind``: "lora" or "full"). A
+        backend sharing the trainer's model in memory (``hf``) has it already."""
+
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Give the accelerator's memory to the trainer until :meth:`wake_up` (``vllm``'s sleep mode)."""
 

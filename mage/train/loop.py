@@ -200,9 +200,8 @@ class TrainingState:
         )
         ckpt.prune_checkpoints(paths.checkpoints, self.settings.train.keep_checkpoints)
         self.checkpoint = saved
-        if self._backend is not None and self.settings.engine.backend == "vllm":
-            # the engine generates with the new policy: a new adapter, or the weights loaded in place
-            self._backend.load_checkpoint(saved.path, saved.kind)  # type: ignore[attr-defined]
+        if self._backend is not None:  # the rollouts go on with the new policy
+            self._backend.load_checkpoint(saved.path, saved.kind)
         return saved
 
 
