@@ -63,13 +63,15 @@ METRICS = ("final_win_rate", "final_mean_return", "first_win_rate", "first_mean_
 def evaluate_policy(settings, checkpoint, eval_groups: int) -> dict:
     """Final-episode figures per training opponent on the fixed evaluation states, with the
     ceilings of exactly those states (mage.report)."""
-    from mage.evaluation import EvalConfig, evaluate
+    from dataclasses import replace
+
+    from mage.evaluation import evaluate
     from mage.population import seed_population
     from mage.report import per_opponent
     from mage.train.loop import rollout_backend
 
     backend = rollout_backend(settings, checkpoint=checkpoint)
-    cfg = EvalConfig.from_settings(settings, split="train", meta_episodes=3 * eval_groups, episodes=3)
+    cfg = replace(settings.eval, split="train", meta_episodes=3 * eval_groups, episodes=3)
     table = evaluate(settings, backend, cfg, progress=False)
     rows = per_opponent(table, seed_population(settings.raw, progress=False), cfg.episodes, cfg.early_stop)
     return {r["opponent"]: {k: r[k] for k in METRICS} for r in rows}

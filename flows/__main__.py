@@ -12,7 +12,28 @@ Flows: seed_population, prepare_model, train, evaluate, report, pipeline, nightl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+
+def die_with_parent() -> None:
+    """End this process when the process that started it dies (Linux), and turn SIGTERM into
+    an ordinary exit so that context managers run (the run's lock, Prefect's temporary
+    server). A `dvc repro` that is killed then does not leave its stage running on its own."""
+    import signal
+
+    def exit_on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_on_term)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before prctl: no signal would come
+            raise SystemExit(128 + signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluation-dir", help="report: the evaluation tables to report on")
     parser.add_argument("--start-dir", help="report: the starting policy's tables (default: paths.start_evaluation)")
     parser.add_argument("--no-report", action="store_true", help="evaluate: write the tables only")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a config error, a damaged file or a run in use (default: one line)")
     args = parser.parse_args(argv)
     kwargs = {"overrides": args.overrides, "config_file": args.config_file}
     if args.flow == "evaluate":
@@ -42,16 +65,26 @@ def main(argv: list[str] | None = None) -> int:
             or args.start_dir:
         parser.error("--checkpoint, --start, --split, --out-dir, --evaluation-dir, --start-dir and --no-report "
                      "belong to evaluate or report")
+    from mage.io import CorruptFileError, RunLockedError
     from mage.settings import SettingsError, load_settings
 
     try:  # a wrong key fails here, before a Prefect server or any work is started
         load_settings(args.overrides, args.config_file)
     except SettingsError as error:
+        if args.debug:
+            raise
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    load(args.flow)(**kwargs)
+    try:
+        load(args.flow)(**kwargs)
+    except (CorruptFileError, RunLockedError) as error:  # what the user fixes, not a bug: one line
+        if args.debug:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
 if __name__ == "__main__":
+    die_with_parent()
     sys.exit(main())

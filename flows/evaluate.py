@@ -3,15 +3,14 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
-from mage import io
 from flows.common import configured, local_timezone, logger, publish_markdown, settings_for
+from mage import io
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from mage.train.loop import RunPaths
@@ -32,7 +31,11 @@ def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None =
     paths = RunPaths.of(settings) if run is None else RunPaths(RunPaths.of(settings).root.parent / run)
     final = paths.root / "final.json"
     if final.is_file():
-        recorded = json.loads(final.read_text())["checkpoint"]
+        try:
+            recorded = io.read_json(final)["checkpoint"]
+        except (io.CorruptFileError, KeyError, TypeError) as error:  # the latest checkpoint stands in for it
+            logger().warning(f"{final}: unreadable ({error}); evaluating the run's latest complete checkpoint instead")
+            recorded = None
         if recorded and Path(recorded).is_dir():
             return FileRef.of(recorded, "checkpoint")
     latest = ckpt.latest_checkpoint(paths.checkpoints)
@@ -133,10 +136,10 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
                                 f"the report needs {sorted(tables)}")
     if ref is None or set(start) != set(tables):
         start = {}
-    target = Path(out_dir) if out_dir else Path(settings.paths["report"])
+    target = Path(out_dir) if out_dir else Path(settings.paths.report)
     written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start)
     # the headline numbers where git (and so `dvc exp show`) tracks them: the latest report's
-    io.write_json(settings.paths["metrics"], written["metrics"])
+    io.write_json(settings.paths.metrics, written["metrics"])
     return written
 
 
@@ -161,6 +164,6 @@ def nightly_evaluation(overrides: list[str] | None = None, config_file: str | No
     zone = ZoneInfo(settings.flow.timezone or local_timezone())
     scheduled = flow_run.scheduled_start_time  # the night it was scheduled for, in the schedule's zone
     night = (scheduled or datetime.now(zone)).astimezone(zone).strftime("%Y-%m-%d")
-    out_dir = Path(settings.paths.get("nightly", "artifacts/nightly")) / night / run
+    out_dir = Path(settings.paths.nightly) / night / run
     logger().info(f"nightly evaluation {night} of run {run}: {ref.path if ref else 'the base model'} -> {out_dir}")
     return evaluate_and_report(settings, ref, ("held_out",), out_dir, f"nightly-{night}-{run}")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prefect import flow
 
 from flows.common import configured, logger, settings_for
+from mage import io
 from tasks.model import prepare_model as prepare_model_task
 from tasks.refs import FileRef
 
@@ -20,7 +20,8 @@ def prepare_model(overrides: list[str] | None = None, config_file: str | None = 
     model = configured(prepare_model_task, settings.flow)(settings.raw)
     preset = Path(model.path) / "preset.json"
     if preset.is_file():  # the tiny preset describes how its warm start plays
-        check = json.loads(preset.read_text()).get("warm_start") or {}
+        remedy = f"delete {model.path} and re-run prepare_model: the preset is rebuilt"
+        check = io.read_json(preset, remedy).get("warm_start") or {}
         for split in ("train", "held_out"):
             pooled = (check.get(split) or {}).get("all")
             if pooled:

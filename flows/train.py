@@ -40,7 +40,7 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
     log.info(f"run {settings.run_name}: {settings.train.iterations} iterations, {settings.engine.groups} groups x "
              f"{settings.engine.rollout.group_size} meta-episodes, {shards} rollout shard(s) on a {flow_cfg.runner} runner")
     live = live_metrics(settings)
-    with make_runner(flow_cfg) as runner:
+    with RunPaths.of(settings).writing(), make_runner(flow_cfg) as runner:
         for iteration in range(1, settings.train.iterations + 1):
             futures = [
                 runner.submit(rollout, {"config": config, "model": model, "checkpoint": checkpoint,
@@ -84,7 +84,7 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
 
 def live_metrics(settings):
     """dvclive's logger of per-iteration metrics and plots (``paths.live``), or None."""
-    directory = settings.paths.get("live")
+    directory = settings.paths.live
     if not directory:
         return None
     from dvclive import Live

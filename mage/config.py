@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,15 +22,50 @@ def config_dir() -> Path:
     return Path(os.environ.get("MAGE_CONFIG_DIR", REPO_ROOT / "params")).resolve()
 
 
+#: Top-level keys of the composed config that are not config groups: config.yaml sets them.
+ROOT_KEYS = ("seed", "run", "paths")
+
+
 def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictConfig:
     """Compose the config tree with Hydra overrides; interpolations are resolved."""
+    return compose_with_sources(overrides, config_name)[0]
+
+
+def compose_with_sources(overrides: Sequence[str] = (), config_name: str = "config") -> tuple[DictConfig, dict[str, str]]:
+    """:func:`compose`, and for each top-level section the file(s) it came from (the group
+    option Hydra chose), so that an error can name the file to fix."""
     directory = config_dir()
     if not (directory / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"no {config_name}.yaml in config directory {directory}")
     with initialize_config_dir(config_dir=str(directory), version_base="1.3"):
-        cfg = hydra_compose(config_name, overrides=list(overrides))
+        cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
     OmegaConf.resolve(cfg)
-    return cfg
+    return cfg, _sources(directory, config_name, choices)
+
+
+def _sources(directory: Path, config_name: str, choices: dict) -> dict[str, str]:
+    def shown(path: Path) -> str:
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return str(path)
+
+    root = shown(directory / f"{config_name}.yaml")
+    sources = {key: root for key in ROOT_KEYS}
+    for group, choice in choices.items():
+        if "/" in group or group.startswith("hydra") or choice is None:
+            continue
+        sources[group] = shown(directory / group / f"{choice}.yaml")
+    refinement = directory / "model_game" / f"{choices.get('model_game')}.yaml"
+    if choices.get("model_game") and refinement.is_file():  # it refines model (and train, eval, engine) per game
+        extra = shown(refinement)
+        for group in ("model", "train", "eval", "engine"):
+            if group in sources:
+                sources[group] += f" or {extra}"
+    return sources
 
 
 def dump(overrides: Sequence[str] = ()) -> str:
@@ -38,8 +73,10 @@ def dump(overrides: Sequence[str] = ()) -> str:
     return OmegaConf.to_yaml(compose(overrides))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m mage.config [--output FILE] [overrides ...]``: print or write the composed config.
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mage.config [--output FILE] [overrides ...]``: print or write the composed
+    config, validated exactly as the flows validate it (a bad value is a one-line
+    ``config error:`` and exit status 2, and nothing is written).
 
     ``python -m mage.config --output params.yaml`` regenerates the committed ``params.yaml``
     (``dvc exp run`` composes it the same way, with its ``-S`` overrides)."""
@@ -47,17 +84,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     import sys
 
     from mage import io
+    from mage.settings import Settings, SettingsError, load_settings
 
     parser = argparse.ArgumentParser(prog="python -m mage.config", description=main.__doc__)
     parser.add_argument("--output", help="write here (atomically) instead of printing")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    text = dump(args.overrides)
+    try:
+        settings: Settings = load_settings(args.overrides)
+    except SettingsError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    text = OmegaConf.to_yaml(OmegaConf.create(settings.raw))
     if args.output:
         io.write_text(args.output, text)
     else:
         print(text, end="")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

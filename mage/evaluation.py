@@ -13,54 +13,45 @@ from ``mage.rollout.metrics``.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import field, replace
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 import polars as pl
+from pydantic import Field
+from pydantic.dataclasses import dataclass as validated_dataclass
 
 from mage.backends import Backend, SamplingSettings
-from mage.population import PopulationEntry, population_entries, seating
+from mage.population import PopulationEntry
 from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
 from mage.rollout.engine import derive_seed
-from mage.settings import Settings, build
 
-SPLITS = ("held_out", "train", "all")
+if TYPE_CHECKING:  # mage.settings holds an EvalConfig
+    from mage.settings import Settings
+
+Split = Literal["held_out", "train", "all"]
+SPLITS: tuple[str, ...] = get_args(Split)
 
 
-@dataclass(frozen=True)
+@validated_dataclass(frozen=True)
 class EvalConfig:
-    """``params/eval``."""
+    """``params/eval``; ranges are checked on construction."""
 
-    split: str = "held_out"
-    episodes: int = 3
-    meta_episodes: int = 384  # per split, shared equally by its opponents
-    group_size: int = 1
+    split: Split = "held_out"
+    episodes: Annotated[int, Field(ge=1, le=100)] = 3
+    meta_episodes: Annotated[int, Field(ge=1, le=1_000_000)] = 384  # per split, shared equally by its opponents
+    group_size: Annotated[int, Field(ge=1, le=1024)] = 1
     early_stop: bool = True
-    seed: int = 1234
+    seed: Annotated[int, Field(ge=0)] = 1234
     sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.7, top_p=0.8, top_k=20))
-
-    def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise ValueError(f"eval.split must be one of {SPLITS}, got {self.split!r}")
-        if self.episodes < 1 or self.meta_episodes < 1 or self.group_size < 1:
-            raise ValueError("eval.episodes, eval.meta_episodes and eval.group_size must be >= 1")
 
     def groups_per_opponent(self, opponents: int) -> int:
         """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""
         return max(1, -(-self.meta_episodes // (max(opponents, 1) * self.group_size)))
 
-    @classmethod
-    def from_settings(cls, settings: Settings, **overrides: Any) -> EvalConfig:
-        raw = dict(settings.raw.get("eval") or {}) | overrides
-        sampling = raw.pop("sampling", None)
-        if isinstance(sampling, dict):
-            sampling = build(SamplingSettings, sampling, "eval.sampling")
-        return build(cls, raw, "eval", **({"sampling": sampling} if sampling is not None else {}))
-
 
 def opponents_for(settings: Settings, split: str) -> list[PopulationEntry]:
-    entries = population_entries(settings.raw)
-    return entries if split == "all" else [e for e in entries if e.split == split]
+    entries = settings.population.entries
+    return list(entries) if split == "all" else [e for e in entries if e.split == split]
 
 
 def evaluate(
@@ -77,7 +68,7 @@ def evaluate(
     meta-episodes are played as ``rollout`` (default: ``engine``'s settings) with the
     evaluation's episodes, group size and early stop."""
     entries = entries if entries is not None else opponents_for(settings, cfg.split)
-    seat_split, num_seats = seating(settings.raw)
+    seat_split, num_seats = settings.population.seat_split, settings.game.num_players
     groups = cfg.groups_per_opponent(len(entries))
     specs = []
     for index, entry in enumerate(entries):
@@ -88,6 +79,6 @@ def evaluate(
         specs += [replace(s, meta_id=s.meta_id + offset_meta, group_id=s.group_id + offset_group) for s in planned]
     rollout = replace(rollout or settings.engine.rollout, episodes=cfg.episodes, group_size=cfg.group_size,
                       early_stop=cfg.early_stop)
-    engine = RolloutEngine(backend, rollout, settings.game.get("params") or {})
+    engine = RolloutEngine(backend, rollout, settings.game.params)
     sampling = replace(cfg.sampling, seed=derive_seed(cfg.seed, 99))
     return engine.run(specs, sampling, run_id=run_id, iteration=iteration, progress=progress)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,8 +47,27 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+#: What to do about a damaged artifact, unless the reader knows better.
+REMEDY = "delete it and re-run the step that writes it, or restore it with `dvc pull`"
+
+
+class CorruptFileError(ValueError):
+    """A file that cannot be read as what it should be. The message is one line: the file,
+    what is wrong with it and what to do."""
+
+    def __init__(self, path: str | os.PathLike, problem: str, remedy: str = REMEDY) -> None:
+        super().__init__(f"{path}: {problem}; {remedy}")
+        self.path = Path(path)
+
+
+def read_json(path: str | os.PathLike, remedy: str = REMEDY) -> Any:
+    """A JSON file; unreadable JSON is a :class:`CorruptFileError` naming the file."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise CorruptFileError(path, f"not valid JSON ({error.msg} at line {error.lineno})", remedy) from None
+    except UnicodeDecodeError:
+        raise CorruptFileError(path, "not valid JSON (not UTF-8 text)", remedy) from None
 
 
 def replace_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
@@ -72,3 +92,58 @@ def replace_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+#: The hidden temporaries of this module and of checkpoint writes: ``.<name>.<8 random
+#: characters>[.tmp]`` (mkstemp, mkdtemp) and ``.<name>.old`` (a directory being replaced).
+STALE_TEMPORARY = re.compile(r"\..+\.([a-z0-9_]{8}(\.tmp)?|old)")
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries a killed writer left under ``directory`` (recursively) and
+    return them. Call it only while no other process writes there (under the run's lock)."""
+    import shutil
+
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    removed = []
+    for path in sorted(root.rglob(".*")):
+        if STALE_TEMPORARY.fullmatch(path.name) and path.exists():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+class RunLockedError(RuntimeError):
+    """Another process holds the run's lock."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on ``path`` (created if needed) or raise
+    :class:`RunLockedError` at once. The kernel releases it when the holder exits, however
+    it exits, so a killed run never leaves a stale lock."""
+    import fcntl
+
+    lock = Path(path)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise RunLockedError(f"{what} is in use by {holder} (lock {lock}); wait for it to finish or choose "
+                                 f"another run.name") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield lock
+    finally:
+        handle.close()

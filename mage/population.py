@@ -115,7 +115,7 @@ def seating(cfg: DictConfig | Mapping[str, Any]) -> tuple[float, int]:
     meta-episode takes seat 0); ``population.seat_split`` is the share played from seat 1.
     """
     game = make_game(cfg["game"]["name"], **(_plain(cfg["game"].get("params")) or {}))
-    return float(cfg["population"].get("seat_split", 0.5)), int(game.num_players)
+    return float(cfg["population"]["seat_split"]), int(game.num_players)
 
 
 def seed_population(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
@@ -123,7 +123,7 @@ def seed_population(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     entries = population_entries(cfg)
     base_params = _plain(cfg["game"]["params"]) or {}
     population = cfg["population"]
-    seat_split = float(population.get("seat_split", 0.5))
+    seat_split = float(population["seat_split"])
     n_games = int(population["ceilings"]["n_games"])
     seed = int(population["ceilings"]["seed"])
     records = []

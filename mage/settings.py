@@ -1,11 +1,14 @@
-"""Typed, validated settings from the composed Hydra tree.
+"""Typed, validated settings from the composed Hydra tree: ``params/`` is the one source of truth.
 
 ``load_settings(overrides)`` composes ``params/`` (or reads an already composed file such
 as DVC's ``params.yaml``) and ``Settings.from_config(cfg)`` turns every section into its
-dataclass (``RolloutConfig``, ``AlgoConfig``, ``TrainConfig``, ``EvalConfig``, ...). Types
-are checked by pydantic against the dataclasses' annotations. A key that a section does not
-know, a value of the wrong type or one it does not allow raises :class:`SettingsError`
-naming the key and the allowed keys or values, before any work starts.
+dataclass (``GameConfig``, ``PopulationConfig``, ``EngineConfig``, ``ModelConfig``,
+``AlgoConfig``, ``TrainConfig``, ``EvalConfig``, ``FlowConfig``, ``PathsConfig``,
+``RunConfig``). Nothing has a built-in default here: a missing section or key is an error
+that names it and the file it belongs in, so a truncated or hand-edited config never runs
+on values the code made up. Types, ranges and fixed choices are checked by pydantic; every
+problem raises :class:`SettingsError` naming the key, what was given and what is allowed,
+before any work starts.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +26,32 @@ from omegaconf import DictConfig, OmegaConf
 
 from mage.algo.config import AlgoConfig
 from mage.backends.base import SamplingSettings
+from mage.evaluation import EvalConfig
 from mage.rollout.engine import RolloutConfig
+from mage.sections import (
+    CeilingSettings,
+    EngineConfig,
+    FlowConfig,
+    GameConfig,
+    HFOptions,
+    ModelConfig,
+    PathsConfig,
+    PopulationConfig,
+    RunConfig,
+    ScriptedOptions,
+    TinyBuild,
+    VLLMOptions,
+)
 from mage.train.config import LoraSettings, TrainConfig
+
+__all__ = ["FlowConfig", "ModelConfig", "Settings", "SettingsError", "TinyBuild", "build", "load_settings"]
+
+#: The sections a composed config must hold, in the order they are checked.
+SECTIONS = ("game", "population", "engine", "model", "algo", "train", "eval", "flow", "seed", "run", "paths")
 
 
 class SettingsError(ValueError):
-    """A configuration key or value is not allowed."""
+    """A configuration key or value is not allowed (the message names the key)."""
 
 
 def plain(value: Any) -> Any:
@@ -36,186 +60,123 @@ def plain(value: Any) -> Any:
     return value
 
 
-def build(kind: type, section: Mapping[str, Any] | None, where: str, **extra: Any) -> Any:
-    """Instantiate dataclass ``kind`` from ``section``; unknown keys and bad values raise."""
+def build(kind: type, section: Any, where: str, source: str | None = None, **extra: Any) -> Any:
+    """Instantiate dataclass ``kind`` from ``section``: every field must be given (by the
+    section or by ``extra``), no other key is allowed, and every value is validated.
+    ``source`` is the file the section comes from, named in the error."""
     from pydantic import TypeAdapter, ValidationError
 
-    values = dict(plain(section) or {}) | extra
+    in_file = f" (in {source})" if source else ""
+    section = plain(section)
+    if section is None:
+        raise SettingsError(f"{where}: missing section{in_file}")
+    if not isinstance(section, Mapping):
+        raise SettingsError(f"{where}: must be a mapping of keys to values, got {section!r}{in_file}")
+    values = dict(section) | extra
     allowed = [f.name for f in dataclasses.fields(kind)]
     unknown = sorted(set(values) - set(allowed))
     if unknown:
-        raise SettingsError(f"{where}: unknown key(s) {unknown}; allowed keys: {allowed}")
-    built = {k: v for k, v in values.items() if dataclasses.is_dataclass(v)}  # already validated
+        raise SettingsError(f"{where}: unknown key(s) {unknown}{in_file}; allowed keys: {allowed}")
+    optional = {f.name for f in dataclasses.fields(kind) if f.name == "entries"}  # filled in, never configured
+    missing = [name for name in allowed if name not in values and name not in optional]
+    if missing:
+        raise SettingsError(f"{where}.{missing[0]}: missing{in_file}; every key must be set"
+                            + (f" (also missing: {missing[1:]})" if missing[1:] else ""))
     try:
-        checked = TypeAdapter(kind).validate_python({k: v for k, v in values.items() if k not in built})
+        return TypeAdapter(kind).validate_python(values)  # nested sections come built: kept as they are
     except ValidationError as error:
         first = error.errors()[0]
-        if first["type"] == "value_error":  # from __post_init__: it names the key and allowed values
-            raise SettingsError(f"{where}: {str(first['ctx']['error'])}") from None
+        if first["type"] == "value_error":  # from __post_init__: the message names the field
+            message = str(first["ctx"]["error"])
+            named = re.fullmatch(r"[A-Za-z_][\w.]*:?", message.split(" ")[0]) is not None
+            return _raise(f"{where}.{message}" if named else f"{where}: {message}", in_file)
         key = ".".join(str(part) for part in (where, *first["loc"]))
-        raise SettingsError(f"{key}: {first['msg']} (got {first.get('input')!r})") from None
-    return dataclasses.replace(checked, **built) if built else checked
+        given = repr(first.get("input"))
+        _raise(f"{key}: {first['msg'].replace('Input should', 'must')} (got {given[:200]})", in_file)
 
 
-@dataclass(frozen=True)
-class TinyBuild:
-    """How the local ``tiny`` preset is built (tokenizer, architecture, behaviour cloning).
-
-    The behaviour-cloning settings are chosen per game (``params/model_game/tiny/<game>.yaml``)."""
-
-    vocab_size: int = 4096
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 4
-    intermediate_size: int = 384
-    max_position_embeddings: int = 4096
-    seed: int = 0
-    corpus_meta_episodes: int = 256  # scripted meta-episodes per game for the tokenizer corpus
-    # scripted players the warm start imitates: names or {rule: name, **params} (mage.backends.scripted)
-    bc_rules: tuple[str | dict[str, Any], ...] = ("random",)
-    bc_meta_episodes: int = 512
-    bc_short_steps: int = 0  # first phase: prompts cut to their last bc_context_tokens tokens
-    bc_short_batch_rows: int = 64
-    bc_context_tokens: int = 64
-    bc_steps: int = 270  # second phase: whole prompts
-    bc_batch_rows: int = 32
-    bc_batches_by_prompt: bool = False  # whole-prompt batches cut in prompt order (shared prefixes)
-    bc_reflection_share: float | None = None  # of every batch's calls: reflections, over-sampled; None: as they come
-    bc_learning_rate: float = 1e-3
-    # preset.json's description of the warm start: evaluation-style rollouts per opponent
-    check_meta_episodes: int = 64  # per split
-    check_episodes: int = 3
-    check_seed: int = 1234
-    check_sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(0.7, 0.8, 20, 128))
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "bc_rules", tuple(self.bc_rules))
-        if self.vocab_size < 512:
-            raise ValueError("model.tiny.vocab_size must be >= 512")
-        if self.bc_reflection_share is not None and not 0.0 < self.bc_reflection_share < 1.0:
-            raise ValueError(f"model.tiny.bc_reflection_share must be null or in (0, 1), got {self.bc_reflection_share!r}")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A model preset (``params/model``): where the weights come from and how they train."""
-
-    name: str
-    path: str  # a hub id or a local directory (the tiny preset: where it is built)
-    build: str | None = None  # "tiny": built locally by mage.models.tiny; None: loaded as is
-    local_dir: str | None = None  # a hub model is fetched here (DVC versions it); None: the hub cache
-    dtype: str = "float32"
-    device: str = "auto"
-    chat: bool = True
-    enable_thinking: bool | None = None
-    lora: LoraSettings | None = None
-    tiny: TinyBuild | None = None
-
-    def __post_init__(self) -> None:
-        if self.build not in (None, "tiny"):
-            raise ValueError(f"model.build must be null or 'tiny', got {self.build!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype must be one of ['bfloat16', 'float16', 'float32'], got {self.dtype!r}")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """``params/engine``: the rollout engine, its backend and the training sampling."""
-
-    rollout: RolloutConfig
-    groups: int
-    backend: str
-    backend_options: dict[str, Any]
-    sampling: SamplingSettings
-
-
-RUNNERS = ("thread", "process", "sequential")
-
-
-@dataclass(frozen=True)
-class FlowConfig:
-    """``params/flow``: how the Prefect flows run (the library itself never reads this)."""
-
-    runner: str = "thread"  # thread | process | sequential: the task runner of rollout shards
-    max_workers: int = 2
-    rollout_shards: int = 1  # rollout tasks per iteration (whole groups each)
-    retries: int = 2  # retries of a task after a transient failure (OSError, timeouts, CUDA errors)
-    retry_delay_seconds: float = 2.0  # first retry delay; doubles with every retry
-    nightly_cron: str = "0 2 * * *"  # the nightly evaluation's schedule
-    timezone: str | None = None  # of the cron schedule; None: this machine's local zone
-    nightly_run: str | None = None  # the run the nightly evaluation takes (None: run.name)
-
-    def __post_init__(self) -> None:
-        if self.runner not in RUNNERS:
-            raise ValueError(f"flow.runner must be one of {list(RUNNERS)}, got {self.runner!r}")
-        if self.max_workers < 1 or self.rollout_shards < 1 or self.retries < 0:
-            raise ValueError("flow.max_workers >= 1, flow.rollout_shards >= 1 and flow.retries >= 0 required")
-        if len(self.nightly_cron.split()) != 5:
-            raise ValueError(f"flow.nightly_cron must be a five-field cron expression, got {self.nightly_cron!r}")
+def _raise(message: str, in_file: str) -> None:
+    raise SettingsError(message + in_file)
 
 
 @dataclass(frozen=True)
 class Settings:
-    game: dict[str, Any]
+    game: GameConfig
+    population: PopulationConfig
     engine: EngineConfig
     model: ModelConfig
     algo: AlgoConfig
     train: TrainConfig
-    eval: Any  # mage.evaluation.EvalConfig
+    eval: EvalConfig
     flow: FlowConfig
     seed: int
-    paths: dict[str, Any]
-    run_name: str
+    paths: PathsConfig
+    run: RunConfig
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
-    @classmethod
-    def from_config(cls, cfg: DictConfig | Mapping[str, Any]) -> Settings:
-        raw = plain(cfg)
-        engine = dict(raw.get("engine") or {})
-        backend = engine.pop("backend", "hf")
-        backends = ("hf", "vllm", "scripted")
-        if backend not in backends:
-            raise SettingsError(f"engine.backend: must be one of {list(backends)}, got {backend!r}")
-        options = {name: engine.pop(name, None) or {} for name in backends}
-        groups = engine.pop("groups", 16)
-        sampling = build(SamplingSettings, engine.pop("sampling", {}), "engine.sampling")
-        rollout = build(RolloutConfig, engine, "engine")
-        model_raw = dict(raw.get("model") or {})
-        lora = model_raw.pop("lora", None)
-        tiny = model_raw.pop("tiny", None)
-        model = build(
-            ModelConfig,
-            model_raw,
-            "model",
-            lora=build(LoraSettings, lora, "model.lora") if lora else None,
-            tiny=build(TinyBuild, tiny, "model.tiny") if tiny else None,
-        )
-        algo_raw = dict(raw.get("algo") or {})
-        algo_raw.pop("name", None)
-        algo_raw.setdefault("max_response_tokens", sampling.max_new_tokens)
-        _check_game_and_population(raw)
-        from mage.evaluation import EvalConfig
+    @property
+    def run_name(self) -> str:
+        return self.run.name
 
-        train = build(TrainConfig, raw.get("train"), "train")
-        if backend == "vllm" and train.checkpoint_every != 1:
+    @classmethod
+    def from_config(cls, cfg: DictConfig | Mapping[str, Any], sources: Mapping[str, str] | str | None = None) -> Settings:
+        """Validate a composed config. ``sources``: the file each section came from (a mapping
+        from :func:`mage.config.compose_with_sources`, or one file for all of them)."""
+        raw = plain(cfg)
+        if not isinstance(raw, Mapping) or not raw:
+            raise SettingsError(f"config: empty{f' ({sources})' if isinstance(sources, str) else ''}; "
+                                f"a config holds the sections {list(SECTIONS)}")
+
+        def source(section: str) -> str | None:
+            return sources if isinstance(sources, str) or sources is None else sources.get(section)
+
+        unknown = sorted(set(raw) - set(SECTIONS) - {"model_game", "experiment"})
+        if unknown:
+            raise SettingsError(f"config: unknown section(s) {unknown}; allowed sections: {list(SECTIONS)}")
+        for name in SECTIONS:
+            if raw.get(name) is None:
+                raise SettingsError(f"{name}: missing section (in {source(name) or 'the config'})")
+        seed = raw["seed"]  # first: train.seed and others interpolate it
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise SettingsError(f"seed: must be an integer >= 0 (got {seed!r}) (in {source('seed')})")
+        game = build(GameConfig, raw["game"], "game", source("game"))
+        population = _population(raw, source("population"))
+        engine = _engine(raw["engine"], source("engine"))
+        model_raw = dict(raw["model"]) if isinstance(raw["model"], Mapping) else raw["model"]
+        nested = {}
+        if isinstance(model_raw, Mapping):
+            lora, tiny = model_raw.pop("lora", None), model_raw.pop("tiny", None)
+            nested = {"lora": build(LoraSettings, lora, "model.lora", source("model")) if lora is not None else None,
+                      "tiny": _tiny(tiny, source("model")) if tiny is not None else None}
+        model = build(ModelConfig, model_raw, "model", source("model"), **nested)
+        algo_raw = dict(raw["algo"]) if isinstance(raw["algo"], Mapping) else raw["algo"]
+        if isinstance(algo_raw, Mapping):
+            algo_raw.pop("name", None)  # names the option file; the fields say what it does
+            algo_raw.setdefault("max_response_tokens", engine.sampling.max_new_tokens)
+        algo = build(AlgoConfig, algo_raw, "algo", source("algo"))
+        train = build(TrainConfig, raw["train"], "train", source("train"))
+        if engine.backend == "vllm" and train.checkpoint_every != 1:
             # The engine loads each new policy from its checkpoint; with fewer checkpoints it would
             # sample from an older policy than the one PPO treats as on-policy.
             raise SettingsError(f"train.checkpoint_every: must be 1 with engine.backend=vllm (the engine serves each "
                                 f"iteration's policy from its checkpoint), got {train.checkpoint_every}")
-        eval_raw = dict(raw.get("eval") or {})
-        eval_sampling = build(SamplingSettings, eval_raw.pop("sampling", {}), "eval.sampling")
+        eval_raw = dict(raw["eval"]) if isinstance(raw["eval"], Mapping) else raw["eval"]
+        eval_sampling = {}
+        if isinstance(eval_raw, Mapping):
+            eval_sampling = {"sampling": build(SamplingSettings, eval_raw.pop("sampling", None), "eval.sampling",
+                                               source("eval"))}
         return cls(
-            game=raw["game"],
-            engine=EngineConfig(rollout, int(groups), backend, options[backend], sampling),
+            game=game,
+            population=population,
+            engine=engine,
             model=model,
-            algo=build(AlgoConfig, algo_raw, "algo"),
+            algo=algo,
             train=train,
-            eval=build(EvalConfig, eval_raw, "eval", sampling=eval_sampling),
-            flow=build(FlowConfig, raw.get("flow"), "flow"),
-            seed=int(raw.get("seed", 0)),
-            paths=raw.get("paths") or {},
-            run_name=str((raw.get("run") or {}).get("name", "default")),
+            eval=build(EvalConfig, eval_raw, "eval", source("eval"), **eval_sampling),
+            flow=build(FlowConfig, raw["flow"], "flow", source("flow")),
+            seed=seed,
+            paths=build(PathsConfig, raw["paths"], "paths", source("paths")),
+            run=build(RunConfig, raw["run"], "run", source("run")),
             raw=raw,
         )
 
@@ -225,28 +186,48 @@ class Settings:
         return hashlib.sha256(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _check_game_and_population(raw: Mapping[str, Any]) -> None:
-    """The game exists and takes these parameters; the population's entries are sound."""
-    import inspect
+def _engine(section: Any, source: str | None) -> EngineConfig:
+    """``params/engine``: the rollout keys, the batch, the backend and its options, sampling."""
+    engine = plain(section)
+    if not isinstance(engine, Mapping):
+        return build(EngineConfig, engine, "engine", source)
+    engine = dict(engine)
+    nested = {
+        "hf": build(HFOptions, engine.pop("hf", None), "engine.hf", source),
+        "vllm": build(VLLMOptions, engine.pop("vllm", None), "engine.vllm", source),
+        "scripted": build(ScriptedOptions, engine.pop("scripted", None), "engine.scripted", source),
+        "sampling": build(SamplingSettings, engine.pop("sampling", None), "engine.sampling", source),
+    }
+    own = {key: engine.pop(key) for key in ("groups", "backend") if key in engine}
+    nested["rollout"] = build(RolloutConfig, engine, "engine", source)
+    return build(EngineConfig, own, "engine", source, **nested)
 
-    from mage.games import GAMES, make_game
+
+def _tiny(section: Any, source: str | None) -> TinyBuild:
+    tiny = plain(section)
+    nested = {}
+    if isinstance(tiny, Mapping) and "check_sampling" in tiny:
+        tiny = dict(tiny)
+        nested["check_sampling"] = build(SamplingSettings, tiny.pop("check_sampling"), "model.tiny.check_sampling",
+                                         source)
+    return build(TinyBuild, tiny, "model.tiny", source, **nested)
+
+
+def _population(raw: Mapping[str, Any], source: str | None) -> PopulationConfig:
+    """The population's own keys, then its entries, checked against the game."""
     from mage.population import population_entries
 
-    game = raw.get("game") or {}
-    name = game.get("name")
-    if name not in GAMES:
-        raise SettingsError(f"game.name: unknown game {name!r}; allowed values: {sorted(GAMES)}")
-    params = dict(game.get("params") or {})
-    built = make_game(name)
-    accepted = [p for p in inspect.signature(type(built).__init__).parameters if p != "self"]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise SettingsError(f"game.params: unknown key(s) {unknown} for {name}; allowed keys: {accepted}")
+    section = plain(raw["population"])
+    nested = {}
+    if isinstance(section, Mapping):
+        section = dict(section)
+        nested["ceilings"] = build(CeilingSettings, section.pop("ceilings", None), "population.ceilings", source)
+    population = build(PopulationConfig, section, "population", source, **nested)
     try:
-        make_game(name, **params)
-        population_entries(raw)
+        entries = tuple(population_entries(raw))
     except (TypeError, ValueError) as error:
-        raise SettingsError(str(error)) from None
+        raise SettingsError(f"{error} (in {source})" if source else str(error)) from None
+    return dataclasses.replace(population, entries=entries)
 
 
 def load_settings(overrides: Sequence[str] = (), config_file: str | Path | None = None) -> Settings:
@@ -259,25 +240,64 @@ def load_settings(overrides: Sequence[str] = (), config_file: str | Path | None 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from mage.config import compose
+    from mage.config import compose_with_sources
 
     if config_file is not None and overrides:
         raise SettingsError("overrides apply to the params/ tree; a composed config file is used as it is")
+    if config_file is not None:
+        return Settings.from_config(read_config_file(config_file), str(config_file))
     try:
-        if config_file is None:
-            cfg = compose(list(overrides))
-        else:
-            cfg = OmegaConf.load(config_file)
-            OmegaConf.resolve(cfg)
+        cfg, sources = compose_with_sources(list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
-        raise SettingsError(f"config: {error}{_allowed_keys_hint(str(error), overrides)}") from None
-    return Settings.from_config(cfg)
+        raise SettingsError(f"{_one_line(error)}{_allowed_keys_hint(str(error), overrides)}") from None
+    return Settings.from_config(cfg, sources)
+
+
+def read_config_file(path: str | Path) -> DictConfig:
+    """A composed config file, resolved; a missing, empty or malformed file is a
+    :class:`SettingsError` naming it."""
+    import yaml
+    from omegaconf.errors import OmegaConfBaseException
+
+    path = Path(path)
+    regenerate = "regenerate it with `python -m mage.config --output params.yaml`"
+    if not path.is_file():
+        raise SettingsError(f"{path}: no such config file")
+    text = path.read_text(errors="replace")
+    if not text.strip():
+        raise SettingsError(f"{path}: the config file is empty; {regenerate}")
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SettingsError(f"{path}: not valid YAML{where} ({getattr(error, 'problem', None) or error}); "
+                            f"{regenerate}") from None
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"{path}: a config file must be a mapping of sections, got {type(loaded).__name__}; "
+                            f"{regenerate}")
+    try:
+        cfg = OmegaConf.create(loaded)
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as error:
+        raise SettingsError(f"{path}: {_one_line(error)}") from None
+    return cfg
+
+
+def _one_line(error: BaseException) -> str:
+    """Hydra's and OmegaConf's messages run over several lines: one line of what is wrong
+    and what is allowed, without OmegaConf's full_key/object_type trailer."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(("full_key:", "object_type=", "reference_type=",
+                                                            "Config search path", "provider="))]
+    text = ""
+    for line in lines:
+        text += line if not text else (" " if text.endswith(":") else "; ") + line
+    return text[:600]
 
 
 def _allowed_keys_hint(message: str, overrides: Sequence[str]) -> str:
     """For Hydra's "Could not override 'a.b'": the keys that section ``a`` does have."""
-    import re
-
     from mage.config import compose
 
     match = re.search(r"Could not override '([^']+)'", message)
@@ -289,4 +309,4 @@ def _allowed_keys_hint(message: str, overrides: Sequence[str]) -> str:
         keys = sorted(OmegaConf.select(cfg, section).keys())
     except Exception:  # the hint is a courtesy; the original error stands on its own
         return ""
-    return f"\nallowed keys in {section}: {keys}"
+    return f"; allowed keys in {section}: {keys}"

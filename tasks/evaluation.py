@@ -21,8 +21,8 @@ from tasks.refs import FileRef
 def default_evaluation_dir(settings: Settings, checkpoint: FileRef | None) -> Path:
     """``paths.evaluations/<run>/<checkpoint>``, or ``paths.start_evaluation`` for the starting policy."""
     if checkpoint is None:
-        return Path(settings.paths["start_evaluation"])
-    return Path(settings.paths["evaluations"]) / settings.run_name / Path(checkpoint.path).name
+        return Path(settings.paths.start_evaluation)
+    return Path(settings.paths.evaluations) / settings.run_name / Path(checkpoint.path).name
 
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{split}",
@@ -87,7 +87,7 @@ def write_report(
         "iteration": ckpt.Checkpoint.at(checkpoint.path).iteration if checkpoint is not None else 0,
         "run": settings.run_name,
         "started_from": start_policy(settings),
-        "game": settings.game["name"],
+        "game": settings.game.name,
         "sampling": {k: getattr(settings.eval.sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")},
     }
     start = {split: read_trajectories(ref.resolve()) for split, ref in (start_tables or {}).items()}

@@ -185,7 +185,7 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     settings = load_settings(args)
     nightly = nightly_evaluation(args)
     directory = Path(nightly["directory"])
-    assert directory.name == settings.run_name and directory.parent.parent == Path(settings.paths["nightly"])
+    assert directory.name == settings.run_name and directory.parent.parent == Path(settings.paths.nightly)
     assert (directory / "report.md").is_file() and (directory / "held_out.parquet").is_file()
     about = json.loads((directory / "report.json").read_text())["about"]
     assert about["checkpoint"] == str(RunPaths.of(settings).checkpoints / "ckpt-00002")

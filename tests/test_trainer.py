@@ -184,7 +184,7 @@ def deterministic_torch():
 def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, monkeypatch, deterministic_torch, lora):
     # deterministic kernels: on a GPU, atomic-add reductions would otherwise differ run to run
     extra = ["train.deterministic=true"]
-    extra += ["+model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj]}"] if lora else []
+    extra += ["+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}"] if lora else []
     uninterrupted = tiny_run(tiny_model_dir, tmp_path / "a", *extra)
     train(uninterrupted, progress=False)
 
@@ -289,7 +289,7 @@ def test_a_fresh_lora_adapter_depends_on_the_seed_alone(tiny_model_dir, tmp_path
 
     def adapter(seed: int, noise: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(noise)  # whatever the process drew before
-        settings = tiny_run(tiny_model_dir, tmp_path, f"seed={seed}", "+model.lora={r: 4, alpha: 8, target_modules: [q_proj]}")
+        settings = tiny_run(tiny_model_dir, tmp_path, f"seed={seed}", "+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj]}")
         state = start_training(settings)
         return {k: v.detach().clone() for k, v in state.policy.model.named_parameters() if v.requires_grad}
 

@@ -27,7 +27,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass as validated_dataclass
 
 #: The closing tag that ends a reply, per phase.
 PHASE_STOP_STRINGS: dict[str, tuple[str, ...]] = {"play": ("</action>",), "reflect": ("</remark>",)}
@@ -35,31 +38,21 @@ STOP_STRINGS = tuple(s for stops in PHASE_STOP_STRINGS.values() for s in stops)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-@dataclass(frozen=True)
+@validated_dataclass(frozen=True)
 class SamplingSettings:
     """Sampling settings; ``top_k = 0`` and ``top_p = 1.0`` switch those filters off.
 
     ``stop`` None (the default) ends each reply at its phase's closing tag
-    (:data:`PHASE_STOP_STRINGS`); a tuple replaces that for every phase (``()``: no stop string)."""
+    (:data:`PHASE_STOP_STRINGS`); a tuple replaces that for every phase (``()``: no stop string).
+    The fields' ranges are checked on construction (pydantic)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
+    temperature: Annotated[float, Field(ge=0, le=100)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=0)] = 0
+    # 131072: the longest context of a Qwen-class model; a reply cannot be longer
+    max_new_tokens: Annotated[int, Field(ge=1, le=131072)] = 256
     stop: tuple[str, ...] | None = None
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.stop is not None:
-            object.__setattr__(self, "stop", tuple(self.stop))
+    seed: Annotated[int, Field(ge=0)] | None = None
 
     def stop_for(self, phase: str) -> tuple[str, ...]:
         """The stop strings of a ``phase`` reply."""

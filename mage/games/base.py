@@ -167,3 +167,9 @@ class Game(ABC):
     def forfeit_return(self) -> float:
         """Return of an episode cut off by the turn limit before it ended (a loss)."""
         return -self.payoff_scale if self.num_players == 2 else 0.0
+
+
+def check_param(ok: bool, name: str, value: Any, allowed: str) -> None:
+    """A game parameter that cannot be right is rejected when the game is built."""
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyspiel
 
-from mage.games.base import Episode, Game, InitialState, Move, Outcome
+from mage.games.base import Episode, Game, InitialState, Move, Outcome, check_param
 
 PASS, BET = 0, 1
 CARD_NAMES = ("Jack (J)", "Queen (Q)", "King (K)")
@@ -63,6 +63,9 @@ class KuhnPoker(Game):
     # check, bet, call and fold are whole words: the tokenizer keeps them whole already
 
     def __init__(self, turn_limit: int = 6, payoff_scale: float = 5.0) -> None:
+        # the agent acts at most twice in a hand: fewer turns would cut hands off unfinished
+        check_param(turn_limit >= 2, "turn_limit", turn_limit, ">= 2")
+        check_param(payoff_scale > 0, "payoff_scale", payoff_scale, "> 0")
         self.turn_limit = turn_limit
         self.payoff_scale = payoff_scale
         self.openspiel_game = openspiel_game()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyspiel
 
-from mage.games.base import Episode, Game, InitialState, Move, Outcome
+from mage.games.base import Episode, Game, InitialState, Move, Outcome, check_param
 
 MARKS = ("X", "O")
 
@@ -56,6 +56,10 @@ class TicTacToe(Game):
     action_names = tuple(cell_name(a) for a in range(9))
 
     def __init__(self, turn_limit: int = 8, payoff_scale: float = 10.0, opening_moves: int = 0) -> None:
+        # the agent moves at most five times in a game: fewer turns would cut games off unfinished
+        check_param(turn_limit >= 5, "turn_limit", turn_limit, ">= 5")
+        check_param(payoff_scale > 0, "payoff_scale", payoff_scale, "> 0")
+        check_param(0 <= opening_moves <= 7, "opening_moves", opening_moves, "in [0, 7] (the game must still be open)")
         self.turn_limit = turn_limit
         self.payoff_scale = payoff_scale
         self.opening_moves = opening_moves

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -188,8 +189,13 @@ def population_manifest(settings: Settings) -> dict[str, Any]:
     included) without writing it, since it is the ``seed_population`` stage's output."""
     from mage.population import load_manifest, seed_population
 
-    path = Path(settings.paths["population_manifest"])
-    return load_manifest(path) if path.is_file() else seed_population(settings.raw, progress=False)
+    path = Path(settings.paths.population_manifest)
+    if path.is_file():
+        try:
+            return load_manifest(path)
+        except io.CorruptFileError as error:  # recomputable: the check goes on without it
+            logging.getLogger(__name__).warning(f"{error} (recomputing the population in memory)")
+    return seed_population(settings.raw, progress=False)
 
 
 def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> Path:
@@ -223,7 +229,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
     check = warm_start_check(model, tokenizer, settings, population_manifest(settings), progress)
     description: dict[str, Any] = {
         "preset": model_cfg.name,
-        "game": settings.game["name"],
+        "game": settings.game.name,
         "build": json.loads(json.dumps(dataclasses.asdict(build))),  # tuples as lists
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),

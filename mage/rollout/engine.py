@@ -21,10 +21,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import polars as pl
+from pydantic import Field
+from pydantic.dataclasses import dataclass as validated_dataclass
 from tqdm.auto import tqdm
 
 from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
@@ -35,28 +37,18 @@ from mage.rollout import prompts
 from mage.rollout.schema import from_rows
 
 
-@dataclass(frozen=True)
+@validated_dataclass(frozen=True)
 class RolloutConfig:
-    """How meta-episodes are played (``params/engine``)."""
+    """How meta-episodes are played (``params/engine``); ranges are checked on construction."""
 
-    episodes: int = 3
-    group_size: int = 8
+    episodes: Annotated[int, Field(ge=1, le=100)] = 3
+    group_size: Annotated[int, Field(ge=1, le=1024)] = 8
     early_stop: bool = True
-    context_mode: str = "reflection_only"
+    context_mode: prompts.ContextMode = "reflection_only"
     same_initial_state: bool = True
-    max_prompt_tokens: int | None = 4096
-    prompt_overflow: str = "drop_oldest"
-    concurrency: int | None = None  # live meta-episodes stepped together; None: all
-
-    def __post_init__(self) -> None:
-        if self.context_mode not in prompts.CONTEXT_MODES:
-            raise ValueError(f"context_mode must be one of {prompts.CONTEXT_MODES}, got {self.context_mode!r}")
-        if self.prompt_overflow not in prompts.OVERFLOW_RULES:
-            raise ValueError(f"prompt_overflow must be one of {prompts.OVERFLOW_RULES}, got {self.prompt_overflow!r}")
-        if self.episodes < 1 or self.group_size < 1:
-            raise ValueError("episodes and group_size must be >= 1")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1 or None, got {self.concurrency}")
+    max_prompt_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None = 4096
+    prompt_overflow: prompts.OverflowRule = "drop_oldest"
+    concurrency: Annotated[int, Field(ge=1)] | None = None  # live meta-episodes stepped together; None: all
 
     @property
     def reflects(self) -> bool:

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-BATCHINGS = ("bucketed", "padded")
+Batching = Literal["bucketed", "padded"]
+BATCHINGS: tuple[str, ...] = get_args(Batching)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -29,13 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from mage import __version__
+from mage import __version__, io
 
 PREFIX = "ckpt-"
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.safetensors"
+#: What to do about a damaged checkpoint: the run resumes from the one before it.
+DAMAGED = "delete this checkpoint directory and re-run: training resumes from the checkpoint before it"
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,7 @@ class Checkpoint:
     def at(cls, path: str | Path) -> Checkpoint:
         """The checkpoint in directory ``path`` (its manifest read; completeness is the caller's check)."""
         path = Path(path)
-        return cls(path, json.loads((path / MANIFEST).read_text()))
+        return cls(path, io.read_json(path / MANIFEST, DAMAGED))
 
 
 def sha256(path: Path) -> str:
@@ -68,7 +72,7 @@ def sha256(path: Path) -> str:
 
 def content_hash(path: str | Path) -> str:
     """Hash of a checkpoint's weights (from its manifest): what caches key on."""
-    manifest = json.loads((Path(path) / MANIFEST).read_text())
+    manifest = io.read_json(Path(path) / MANIFEST, DAMAGED)
     weights = {k: v for k, v in manifest["files"].items() if k != STATE_FILE}
     return hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest()
 
@@ -126,9 +130,17 @@ def save_checkpoint(
             "files": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        if final.exists():  # an older run's checkpoint of the same iteration
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        if final.exists():
+            # An older run's checkpoint of the same iteration: renamed aside, never deleted in
+            # place, so a directory named ckpt-* is always whole (a kill between the renames
+            # leaves a hidden .ckpt-*.old that remove_stale_temporaries clears).
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -141,11 +153,19 @@ def _json_rng(state: tuple) -> list:
 
 
 def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds a checkpoint whose files all match its manifest (a damaged
+    one is skipped with a WARNING naming it: a resumed run starts from the one before)."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         return False
-    manifest = json.loads(manifest_path.read_text())
-    return all((path / name).is_file() and sha256(path / name) == digest for name, digest in manifest["files"].items())
+    try:
+        files = io.read_json(manifest_path, DAMAGED)["files"]
+        bad = [name for name, digest in files.items() if not (path / name).is_file() or sha256(path / name) != digest]
+    except (io.CorruptFileError, KeyError, TypeError, AttributeError) as error:
+        bad = [f"{MANIFEST} ({error})"]
+    if bad:
+        logging.getLogger(__name__).warning(f"{path}: skipped, its files do not match its manifest: {bad}; {DAMAGED}")
+    return not bad
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:
@@ -171,6 +191,14 @@ def prune_checkpoints(root: str | Path, keep: int | None) -> None:
         shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; a damaged one is a :class:`mage.io.CorruptFileError` naming it."""
+    try:
+        return load_file(path)
+    except SafetensorError as error:
+        raise io.CorruptFileError(path, f"not a readable safetensors file ({error})", DAMAGED) from None
+
+
 def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
     """Load a checkpoint's trained weights into ``policy`` (same kind and architecture)."""
     if checkpoint.kind != ("lora" if policy.is_lora else "full"):
@@ -178,11 +206,11 @@ def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
     if policy.is_lora:
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(policy.model, load_file(checkpoint.path / "adapter_model.safetensors"))
+        set_peft_model_state_dict(policy.model, _tensors(checkpoint.path / "adapter_model.safetensors"))
     else:
         weights = {}
         for file in sorted(checkpoint.path.glob("model*.safetensors")):
-            weights |= load_file(file)
+            weights |= _tensors(file)
         missing, unexpected = policy.model.load_state_dict(weights, strict=False)
         # Tied embeddings are saved once: the missing output head shares the input table.
         real_missing = [m for m in missing if not (m.endswith("lm_head.weight") and policy.model.config.tie_word_embeddings)]
@@ -192,7 +220,7 @@ def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
 
 def load_trainer_state(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer) -> None:
     """Restore the optimizer and the RNG states saved with ``checkpoint``."""
-    tensors = load_file(checkpoint.path / STATE_FILE)
+    tensors = _tensors(checkpoint.path / STATE_FILE)
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         if key.startswith("optimizer."):

@@ -2,45 +2,47 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated, Literal, get_args
 
-from mage.train.batching import BATCHINGS
+from pydantic import Field
+from pydantic.dataclasses import dataclass as validated_dataclass
 
-LR_SCHEDULES = ("constant", "linear")
+from mage.train.batching import Batching
+
+LrSchedule = Literal["constant", "linear"]
+LR_SCHEDULES = get_args(LrSchedule)
+
+PositiveInt = Annotated[int, Field(ge=1)]
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
 
 
-@dataclass(frozen=True)
+@validated_dataclass(frozen=True)
 class LoraSettings:
     """peft LoRA; the reference policy is the base model with the adapter disabled."""
 
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
+    r: Annotated[int, Field(ge=1, le=1024)] = 16
+    alpha: Annotated[float, Field(gt=0)] = 32
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     target_modules: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-    def __post_init__(self) -> None:
-        if self.r < 1:
-            raise ValueError(f"model.lora.r must be >= 1, got {self.r}")
-        if not isinstance(self.target_modules, str):
-            object.__setattr__(self, "target_modules", tuple(self.target_modules))
 
-
-@dataclass(frozen=True)
+@validated_dataclass(frozen=True)
 class TrainConfig:
-    """The policy update and the training loop (MAGE-SPEC section 5)."""
+    """The policy update and the training loop (MAGE-SPEC section 5). Ranges are checked on
+    construction: torch takes a negative gradient clip or learning rate without complaint."""
 
-    iterations: int = 100
-    learning_rate: float = 1e-5
-    lr_schedule: str = "constant"  # constant | linear (CleanRL's PPO annealing: lr/iterations at the last iteration)
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
-    ppo_epochs: int = 1
-    mini_batch_size: int = 64  # rows (LLM calls) per optimizer step (paper: 64)
-    batching: str = "bucketed"  # bucketed | padded
-    micro_batch_tokens: int = 16384  # bucketed: padded tokens per micro-batch
-    micro_batch_rows: int = 8  # padded: rows per micro-batch
+    iterations: Annotated[int, Field(ge=0, le=1_000_000)] = 100
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = 1e-5
+    lr_schedule: LrSchedule = "constant"  # linear: CleanRL's PPO annealing, lr/iterations at the last iteration
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = 0.0
+    betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.999)
+    adam_eps: Annotated[float, Field(gt=0, le=1)] = 1e-8
+    grad_clip: Annotated[float, Field(gt=0)] = 1.0
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)] = 1
+    mini_batch_size: PositiveInt = 64  # rows (LLM calls) per optimizer step (paper: 64)
+    batching: Batching = "bucketed"
+    micro_batch_tokens: PositiveInt = 16384  # bucketed: padded tokens per micro-batch
+    micro_batch_rows: PositiveInt = 8  # padded: rows per micro-batch
     share_prefix: bool = True  # run a micro-batch's common prompt prefix once
     # Recompute each decoder layer's activations in the backward pass instead of keeping
     # them: about a third more compute for one layer's activations instead of all of them
@@ -51,22 +53,10 @@ class TrainConfig:
     # transformers' enable_full_determinism: deterministic CUDA kernels, so a GPU run (and a
     # resumed one) repeats bitwise; slower. CPU runs repeat without it.
     deterministic: bool = False
-    seed: int = 0
-    checkpoint_every: int = 1  # iterations; 1 loses no finished iteration on a crash
-    keep_checkpoints: int | None = None  # newest kept (None: all)
-    eval_every: int = 0  # iterations between evaluations in the flow (0: only at the end)
-    extra: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.batching not in BATCHINGS:
-            raise ValueError(f"train.batching must be one of {BATCHINGS}, got {self.batching!r}")
-        if self.iterations < 0 or self.ppo_epochs < 1 or self.mini_batch_size < 1:
-            raise ValueError("train.iterations >= 0, train.ppo_epochs >= 1 and train.mini_batch_size >= 1 required")
-        if self.learning_rate <= 0:
-            raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"train.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        object.__setattr__(self, "betas", tuple(self.betas))
+    seed: Annotated[int, Field(ge=0)] = 0
+    checkpoint_every: PositiveInt = 1  # iterations; 1 loses no finished iteration on a crash
+    keep_checkpoints: PositiveInt | None = None  # newest kept (None: all)
+    eval_every: Annotated[int, Field(ge=0)] = 0  # iterations between evaluations in the flow (0: only at the end)
 
     def learning_rate_at(self, iteration: int) -> float:
         """The learning rate of (1-based) ``iteration``.

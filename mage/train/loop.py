@@ -16,8 +16,10 @@ Layout of a run (``paths.runs/<run.name>``)::
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,6 @@ from mage import io
 from mage.algo import add_advantages, add_returns
 from mage.backends import Backend, make_backend
 from mage.models.policy import Policy, ensure_model, load_policy
-from mage.population import population_entries, seating
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.rollout.engine import derive_seed
 from mage.rollout.metrics import final_episode_metrics
@@ -62,7 +63,17 @@ class RunPaths:
 
     @classmethod
     def of(cls, settings: Settings) -> RunPaths:
-        return cls(Path(settings.paths.get("runs", "artifacts/runs")) / settings.run_name)
+        return cls(Path(settings.paths.runs) / settings.run_name)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """One writer per run: hold the run's lock (beside the run directory, so nothing
+        versions it), then clear what a killed writer left behind (temporary checkpoint
+        directories and files). A second writer stops at once with the holder's pid."""
+        with io.exclusive_lock(self.root.parent / f".{self.root.name}.lock", f"run {self.root.name!r}"):
+            for path in io.remove_stale_temporaries(self.root):
+                logging.getLogger(__name__).warning(f"removed {path}: left by an interrupted write")
+            yield
 
 
 # -- the model ---------------------------------------------------------------------------
@@ -99,8 +110,8 @@ def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint
 # -- one iteration, step by step ------------------------------------------------------------
 def plan_iteration(settings: Settings, iteration: int) -> list[MetaEpisodeSpec]:
     """The meta-episodes of an iteration: groups drawn from the training population."""
-    entries = [e for e in population_entries(settings.raw) if e.split == "train"]
-    seat_split, num_seats = seating(settings.raw)
+    entries = [e for e in settings.population.entries if e.split == "train"]
+    seat_split, num_seats = settings.population.seat_split, settings.game.num_players
     engine = settings.engine
     return plan_meta_episodes(
         entries, engine.groups, engine.rollout.group_size, derive_seed(settings.seed, iteration), seat_split, num_seats
@@ -120,7 +131,7 @@ def rollout_iteration(
 ) -> tuple[pl.DataFrame, RolloutStats]:
     """Play this iteration's meta-episodes (or one shard of them) against the training population."""
     specs = shard_specs(plan_iteration(settings, iteration), shard, shards)
-    engine = RolloutEngine(backend, settings.engine.rollout, settings.game.get("params") or {})
+    engine = RolloutEngine(backend, settings.engine.rollout, settings.game.params)
     # One sampling seed per (iteration, shard): a re-run draws the same replies.
     sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
     table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
@@ -277,15 +288,17 @@ def train(
     ``stop_after`` ends the call after that many iterations of this call (the run
     itself is not shortened: a later call resumes it).
     """
-    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints) if resume else None
-    state = start_training(settings, latest)
-    start = latest.iteration + 1 if latest else 1
-    results = []
-    for iteration in range(start, settings.train.iterations + 1):
-        if stop_after is not None and len(results) >= stop_after:
-            break
-        result = run_iteration(state, iteration, progress)
-        results.append(result)
-        if on_iteration is not None:
-            on_iteration(result)
+    paths = RunPaths.of(settings)
+    with paths.writing():
+        latest = ckpt.latest_checkpoint(paths.checkpoints) if resume else None
+        state = start_training(settings, latest)
+        start = latest.iteration + 1 if latest else 1
+        results = []
+        for iteration in range(start, settings.train.iterations + 1):
+            if stop_after is not None and len(results) >= stop_after:
+                break
+            result = run_iteration(state, iteration, progress)
+            results.append(result)
+            if on_iteration is not None:
+                on_iteration(result)
     return results

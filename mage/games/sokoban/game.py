@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mage.games.base import Episode, Game, InitialState, Move, Outcome
+from mage.games.base import Episode, Game, InitialState, Move, Outcome, check_param
 from mage.games.sokoban.generator import generate_level
 from mage.games.sokoban.level import BLOCKED, MOVE_NAMES, Level
 from mage.games.sokoban.solver import dead_squares, is_deadlocked
@@ -54,6 +54,16 @@ class Sokoban(Game):
         end_on_deadlock: bool = False,
         deadlock_hint: bool = False,
     ) -> None:
+        check_param(len(dim) == 2 and all(5 <= int(d) <= 16 for d in dim), "dim", dim,
+                    "two sizes in [5, 16] (the outer walls included)")
+        check_param(1 <= num_boxes <= 6, "num_boxes", num_boxes, "in [1, 6]")
+        check_param(1 <= min_moves <= max_moves, "min_moves", min_moves, f">= 1 and <= max_moves ({max_moves})")
+        check_param(turn_limit >= 1 and moves_per_turn >= 1, "turn_limit", (turn_limit, moves_per_turn),
+                    "turn_limit and moves_per_turn >= 1")
+        # a level whose shortest solution does not fit in the turns could never be solved
+        check_param(turn_limit * moves_per_turn >= max_moves, "max_moves", max_moves,
+                    f"<= turn_limit * moves_per_turn ({turn_limit * moves_per_turn})")
+        check_param(payoff_scale > 0, "payoff_scale", payoff_scale, "> 0")
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = num_boxes
         self.min_moves = min_moves

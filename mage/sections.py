@@ -1,0 +1,249 @@
+"""The typed sections of ``params/`` that no library module owns: the model preset and its
+local build, the engine's backends, the game, the population, the flows, the paths and
+the run. (Sampling, rollout, algorithm, training and evaluation settings live beside the
+code that reads them.)
+
+Every section is a pydantic dataclass: types and ranges are checked on construction, fixed
+choices are ``Literal``s, and cross-field rules raise in ``__post_init__``. A value that
+cannot be right never reaches the code that would use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import field
+from functools import cached_property
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass as validated_dataclass
+
+from mage.backends.base import SamplingSettings
+from mage.rollout.engine import RolloutConfig
+from mage.train.config import LoraSettings
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Share = Annotated[float, Field(ge=0, le=1)]
+
+
+@validated_dataclass(frozen=True)
+class TinyBuild:
+    """How the local ``tiny`` preset is built (tokenizer, architecture, behaviour cloning).
+
+    The behaviour-cloning settings are chosen per game (``params/model_game/tiny/<game>.yaml``)."""
+
+    vocab_size: Annotated[int, Field(ge=512, le=1_000_000)] = 4096
+    hidden_size: Annotated[int, Field(ge=8, le=16384)] = 128
+    num_layers: Annotated[int, Field(ge=1, le=256)] = 4
+    num_heads: PositiveInt = 4
+    num_kv_heads: PositiveInt = 4
+    intermediate_size: PositiveInt = 384
+    max_position_embeddings: Annotated[int, Field(ge=64, le=1_048_576)] = 4096
+    seed: NonNegativeInt = 0
+    corpus_meta_episodes: PositiveInt = 256  # scripted meta-episodes per game for the tokenizer corpus
+    # scripted players the warm start imitates: names or {rule: name, **params} (mage.backends.scripted)
+    bc_rules: tuple[str | dict[str, Any], ...] = ("random",)
+    bc_meta_episodes: PositiveInt = 512
+    bc_short_steps: NonNegativeInt = 0  # first phase: prompts cut to their last bc_context_tokens tokens
+    bc_short_batch_rows: PositiveInt = 64
+    bc_context_tokens: PositiveInt = 64
+    bc_steps: NonNegativeInt = 270  # second phase: whole prompts
+    bc_batch_rows: PositiveInt = 32
+    bc_batches_by_prompt: bool = False  # whole-prompt batches cut in prompt order (shared prefixes)
+    # of every batch's calls: reflections, over-sampled; None: as they come
+    bc_reflection_share: Annotated[float, Field(gt=0, lt=1)] | None = None
+    bc_learning_rate: Annotated[float, Field(gt=0, le=1)] = 1e-3
+    # preset.json's description of the warm start: evaluation-style rollouts per opponent
+    check_meta_episodes: PositiveInt = 64  # per split
+    check_episodes: Annotated[int, Field(ge=1, le=100)] = 3
+    check_seed: NonNegativeInt = 1234
+    check_sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(0.7, 0.8, 20, 128))
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads must divide hidden_size ({self.hidden_size}), got {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads ({self.num_heads}), got {self.num_kv_heads}")
+        if not self.bc_rules:
+            raise ValueError("bc_rules must name at least one scripted player")
+
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+@validated_dataclass(frozen=True)
+class ModelConfig:
+    """A model preset (``params/model``): where the weights come from and how they train."""
+
+    name: Annotated[str, Field(min_length=1)]
+    path: Annotated[str, Field(min_length=1)]  # a hub id or a local directory (the tiny preset: where it is built)
+    build: Literal["tiny"] | None = None  # tiny: built locally by mage.models.tiny; None: loaded as is
+    local_dir: str | None = None  # a hub model is fetched here (DVC versions it); None: the hub cache
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # auto | cpu | mps | cuda | cuda:N
+    chat: bool = True
+    enable_thinking: bool | None = None
+    lora: LoraSettings | None = None
+    tiny: TinyBuild | None = None
+
+    def __post_init__(self) -> None:
+        if not DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}")
+        if self.build == "tiny" and self.tiny is None:
+            raise ValueError("build: tiny needs a `tiny` section (how to build it)")
+
+
+@validated_dataclass(frozen=True)
+class HFOptions:
+    """``engine.hf``: the transformers backend."""
+
+    batch_size: Annotated[int, Field(ge=1, le=65536)] = 64  # micro-batch of one generate call
+    share_prefill: bool = True  # compute shared prompt prefixes and duplicate prompts once
+
+
+@validated_dataclass(frozen=True)
+class VLLMOptions:
+    """``engine.vllm``: the vLLM engine (mage/backends/vllm.py)."""
+
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.85
+    kv_cache_memory_bytes: PositiveInt | None = None
+    sleep_mode: bool = False
+    max_model_len: PositiveInt | None = None
+    enforce_eager: bool = False
+
+
+@validated_dataclass(frozen=True)
+class ScriptedOptions:
+    """``engine.scripted``: a rule-based player in the agent's seat (tests, warm-start data)."""
+
+    rule: Annotated[str, Field(min_length=1)] = "random"
+    invalid_rate: Share = 0.0
+
+
+Backend = Literal["hf", "vllm", "scripted"]
+
+
+@validated_dataclass(frozen=True)
+class EngineConfig:
+    """``params/engine``: the rollout engine, its backend and the training sampling."""
+
+    rollout: RolloutConfig
+    # 65536 groups of 8 are half a million meta-episodes in one iteration's table: beyond that
+    # a value is a typo, and it would exhaust memory before failing
+    groups: Annotated[int, Field(ge=1, le=65536)]
+    backend: Backend
+    hf: HFOptions
+    vllm: VLLMOptions
+    scripted: ScriptedOptions
+    sampling: SamplingSettings
+
+    @property
+    def backend_options(self) -> dict[str, Any]:
+        """The chosen backend's options, as ``make_backend`` keyword arguments."""
+        return dataclasses.asdict(getattr(self, self.backend))
+
+
+GameName = Literal["kuhn_poker", "tic_tac_toe", "sokoban"]
+
+
+@validated_dataclass(frozen=True)
+class GameConfig:
+    """``params/game``: the game, its constructor's parameters and its penalties."""
+
+    name: GameName
+    params: dict[str, Any]
+    invalid_penalty: Annotated[float, Field(ge=0)]  # c_inv (MAGE-SPEC 3)
+    length_penalty: Annotated[float, Field(ge=0)]  # c_len
+
+    def __post_init__(self) -> None:
+        import inspect
+
+        from mage.games import make_game
+
+        accepted = [p for p in inspect.signature(type(make_game(self.name)).__init__).parameters if p != "self"]
+        unknown = sorted(set(self.params) - set(accepted))
+        if unknown:
+            raise ValueError(f"params: unknown key(s) {unknown} for {self.name}; allowed keys: {accepted}")
+        try:
+            make_game(self.name, **self.params)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"params.{error}") from None
+
+    @cached_property
+    def num_players(self) -> int:
+        from mage.games import make_game
+
+        return int(make_game(self.name, **self.params).num_players)
+
+
+@validated_dataclass(frozen=True)
+class CeilingSettings:
+    n_games: Annotated[int, Field(ge=1, le=1_000_000)]  # games per Monte-Carlo ceiling estimate
+    seed: NonNegativeInt
+
+
+@validated_dataclass(frozen=True)
+class PopulationConfig:
+    """``params/population``: the opponents, split into training and held-out entries.
+
+    ``entries`` are the checked :class:`mage.population.PopulationEntry` objects (filled in by
+    :class:`mage.settings.Settings`, which knows the game)."""
+
+    seat_split: Share  # share of meta-episodes in which the agent sits second
+    ceilings: CeilingSettings
+    train: dict[str, dict[str, Any]]
+    held_out: dict[str, dict[str, Any]]
+    entries: tuple[Any, ...] = ()
+
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
+
+
+@validated_dataclass(frozen=True)
+class RunConfig:
+    # a directory name under paths.runs: never a path, never empty (".." would write elsewhere)
+    name: str
+
+    def __post_init__(self) -> None:
+        if not PLAIN_NAME.fullmatch(self.name) or ".." in self.name:
+            raise ValueError(f"name must be a plain name (letters, digits and . _ + = -, not starting with one of "
+                             f"them, no '..', at most 200 characters), got {self.name!r}")
+
+
+@validated_dataclass(frozen=True)
+class PathsConfig:
+    """``paths``: where every artifact of the lifecycle goes."""
+
+    artifacts: str
+    population_manifest: str
+    runs: str
+    evaluations: str
+    start_evaluation: str
+    nightly: str
+    report: str
+    results: str
+    metrics: str
+    live: str
+
+
+Runner = Literal["thread", "process", "sequential"]
+
+
+@validated_dataclass(frozen=True)
+class FlowConfig:
+    """``params/flow``: how the Prefect flows run (the library itself never reads this)."""
+
+    runner: Runner = "thread"  # the task runner of rollout shards
+    max_workers: Annotated[int, Field(ge=1, le=1024)] = 2
+    rollout_shards: Annotated[int, Field(ge=1, le=4096)] = 1  # rollout tasks per iteration (whole groups each)
+    retries: Annotated[int, Field(ge=0, le=100)] = 2  # retries after a transient failure (OSError, timeouts)
+    retry_delay_seconds: Annotated[float, Field(ge=0, le=86400)] = 2.0  # first retry delay; doubles every retry
+    nightly_cron: str = "0 2 * * *"  # the nightly evaluation's schedule
+    timezone: str | None = None  # of the cron schedule; None: this machine's local zone
+    nightly_run: str | None = None  # the run the nightly evaluation takes (None: run.name)
+
+    def __post_init__(self) -> None:
+        if len(self.nightly_cron.split()) != 5:
+            raise ValueError(f"nightly_cron must be a five-field cron expression, got {self.nightly_cron!r}")

@@ -1,0 +1,205 @@
+"""Every value that cannot be right is rejected before any work, naming the key (issue 18).
+
+The bad values are drawn by hypothesis from outside each field's allowed range (the ranges
+are written here from what each setting means, not read from the code), and each must fail
+``load_settings``, ``python -m mage.config`` and the flows' command line, the last before a
+Prefect flow run starts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+import flows.__main__ as flows_cli
+from mage import config as mage_config
+from mage.settings import SettingsError, load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def below(bound: int) -> st.SearchStrategy[int]:
+    return st.integers(max_value=bound - 1)
+
+
+def above(bound: int) -> st.SearchStrategy[int]:
+    return st.integers(min_value=bound + 1, max_value=10**15)
+
+
+def outside(low: float, high: float, low_open: bool = False, high_open: bool = False) -> st.SearchStrategy[float]:
+    """Floats outside [low, high] (an open end admits the bound itself)."""
+    finite = {"allow_nan": False, "allow_infinity": False}
+    under = st.floats(max_value=low, **finite).filter(lambda x: x < low or (low_open and x == low))
+    if math.isinf(high):
+        return under
+    over = st.floats(min_value=high, max_value=1e12, **finite).filter(lambda x: x > high or (high_open and x == high))
+    return under | over
+
+
+def words(allowed: set[str]) -> st.SearchStrategy[str]:
+    return st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True).filter(lambda w: w not in allowed | {"null", "true", "false"})
+
+
+#: key -> bad values (what the setting means bounds it; the huge ones would exhaust memory).
+BAD_VALUES: dict[str, st.SearchStrategy] = {
+    "seed": below(0),
+    "run.name": st.sampled_from(["", "../../..", "a/b", ".hidden", "-x", "x" * 201, "a b"]),
+    "game.invalid_penalty": outside(0, math.inf),
+    "game.length_penalty": outside(0, math.inf),
+    "game.params.turn_limit": below(2),  # Kuhn Poker: the agent acts up to twice a hand
+    "game.params.payoff_scale": outside(0, math.inf, low_open=True),
+    "population.seat_split": outside(0, 1),
+    "population.ceilings.n_games": below(1),
+    "engine.groups": below(1) | above(65536),
+    "engine.group_size": below(1) | above(1024),
+    "engine.episodes": below(1) | above(100),
+    "engine.max_prompt_tokens": below(1),
+    "engine.concurrency": below(1),
+    "engine.context_mode": words({"reflection_only", "history_only", "history_and_reflection"}),
+    "engine.prompt_overflow": words({"error", "drop_oldest"}),
+    "engine.backend": words({"hf", "vllm", "scripted"}),
+    "engine.hf.batch_size": below(1),
+    "engine.vllm.gpu_memory_utilization": outside(0, 1, low_open=True),
+    "engine.scripted.invalid_rate": outside(0, 1),
+    "engine.sampling.temperature": outside(0, 100),
+    "engine.sampling.top_p": outside(0, 1, low_open=True),
+    "engine.sampling.top_k": below(0),
+    "engine.sampling.max_new_tokens": below(1) | above(131072),
+    "model.dtype": words({"float32", "bfloat16", "float16"}),
+    "model.device": words({"auto", "cpu", "mps", "cuda"}),
+    "model.tiny.num_heads": st.integers(1, 128).filter(lambda h: 128 % h != 0) | below(1),
+    "model.tiny.vocab_size": below(512),
+    "model.tiny.bc_learning_rate": outside(0, 1, low_open=True),
+    "algo.objective": words({"differential", "cumulative", "single_episode"}),
+    "algo.norm": words({"mean_norm", "mean_std_norm"}),
+    "algo.gamma_step": outside(0, 1),
+    "algo.gamma_traj": outside(0, 1),
+    "algo.clip_ratio": outside(0, 1, low_open=True),
+    "algo.dual_clip": st.floats(max_value=1, allow_nan=False, allow_infinity=False),
+    "algo.kl_coef": outside(0, math.inf),
+    "algo.entropy_coef": outside(0, math.inf),
+    "train.iterations": below(0) | above(1_000_000),
+    "train.learning_rate": outside(0, 1, low_open=True),
+    "train.grad_clip": outside(0, math.inf, low_open=True),
+    "train.adam_eps": outside(0, 1, low_open=True),
+    "train.ppo_epochs": below(1),
+    "train.mini_batch_size": below(1),
+    "train.keep_checkpoints": below(1),
+    "train.eval_every": below(0),
+    "train.checkpoint_every": below(1),
+    "train.lr_schedule": words({"constant", "linear"}),
+    "train.batching": words({"bucketed", "padded"}),
+    "eval.meta_episodes": below(1),
+    "eval.episodes": below(1),
+    "eval.split": words({"held_out", "train", "all"}),
+    "eval.sampling.top_p": outside(0, 1, low_open=True),
+    "flow.runner": words({"thread", "process", "sequential"}),
+    "flow.max_workers": below(1),
+    "flow.rollout_shards": below(1),
+    "flow.retries": below(0),
+    "flow.retry_delay_seconds": outside(0, 86400),
+}
+
+
+def override(key: str, value: object) -> str:
+    if isinstance(value, str):
+        return f"{key}='{value}'" if value else f"{key}="
+    return f"{key}={value!r}"
+
+
+@st.composite
+def bad_overrides(draw) -> tuple[str, str]:
+    key = draw(st.sampled_from(sorted(BAD_VALUES)))
+    return key, override(key, draw(BAD_VALUES[key]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(bad_overrides())
+def test_a_value_outside_its_range_is_rejected_naming_the_key(case):
+    key, text = case
+    with pytest.raises(SettingsError) as error:
+        load_settings([text])
+    message = str(error.value)
+    assert message.startswith(key) or message.startswith(key.rsplit(".", 1)[0] + ":"), message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("key", sorted(BAD_VALUES))
+def test_every_bad_value_stops_the_command_line_before_a_flow_starts(key, monkeypatch, capsys):
+    import flows
+
+    text = override(key, find(BAD_VALUES[key], lambda _: True))  # the simplest bad value of each key
+    started = []
+    monkeypatch.setattr(flows, "load", lambda name: started.append(name) or (lambda **_: None))
+    assert flows_cli.main(["train", text]) == 2
+    assert not started, "a flow was started"
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: ") and "\n" not in err, err
+    assert mage_config.main([text]) == 2
+
+
+def test_a_cross_field_rule_is_checked_before_work():
+    with pytest.raises(SettingsError, match=r"game.params.max_moves must be <= turn_limit \* moves_per_turn \(21\)"):
+        load_settings(["game=sokoban", "game.params.max_moves=30"])
+    with pytest.raises(SettingsError, match="population.train shares sum to 0.7"):
+        load_settings(["population.train.intermediate.share=0.1"])
+    with pytest.raises(SettingsError, match=r"model.tiny.num_kv_heads must divide num_heads \(4\), got 3"):
+        load_settings(["model.tiny.num_kv_heads=3"])
+
+
+# -- the composed file -------------------------------------------------------------------
+@pytest.fixture
+def composed(tmp_path) -> Path:
+    path = tmp_path / "params.yaml"
+    assert mage_config.main(["--output", str(path)]) == 0
+    return path
+
+
+def test_the_written_config_is_the_validated_one_and_loads_back(composed):
+    assert load_settings(config_file=composed) == load_settings()
+
+
+def test_a_truncated_config_file_names_the_missing_section_and_the_file(composed):
+    text = composed.read_text()
+    cut = text[:1500]
+    cut = cut[: cut.rfind("\n") + 1]  # a clean cut: still valid YAML, sections missing
+    composed.write_text(cut)
+    with pytest.raises(SettingsError, match=rf"^\w+(\.\w+)*: missing.*\(in {composed}\)"):
+        load_settings(config_file=composed)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "the config file is empty"),
+        ("   \n\n", "the config file is empty"),
+        ("game: {name: kuhn_poker\n  params: [", "not valid YAML at line"),
+        ("- a list\n- of things\n", "must be a mapping of sections, got list"),
+    ],
+)
+def test_an_empty_or_malformed_config_file_is_one_line_naming_it(composed, text, message):
+    composed.write_text(text)
+    with pytest.raises(SettingsError, match=message) as error:
+        load_settings(config_file=composed)
+    assert str(composed) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_missing_config_file_is_named(tmp_path, capsys):
+    assert flows_cli.main(["train", "--config", str(tmp_path / "nope.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == f"config error: {tmp_path / 'nope.yaml'}: no such config file"
+
+
+def test_a_missing_key_in_the_tree_names_the_key_and_its_file(tmp_path, monkeypatch):
+    import shutil
+
+    tree = tmp_path / "params"
+    shutil.copytree(REPO / "params", tree)
+    train = tree / "train" / "default.yaml"
+    train.write_text("\n".join(line for line in train.read_text().splitlines() if not line.startswith("grad_clip:")))
+    monkeypatch.setenv("MAGE_CONFIG_DIR", str(tree))
+    with pytest.raises(SettingsError, match=r"^train.grad_clip: missing \(in .*train/default.yaml"):
+        load_settings()

@@ -1,0 +1,186 @@
+"""Faults (issue 18): damaged files are named in one line, a killed writer leaves nothing
+behind, and a run has one writer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mage import io
+from mage.config import compose
+from mage.settings import Settings
+from mage.train import checkpoint as ckpt
+from mage.train.loop import RunPaths, start_training, train
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
+    return Settings.from_config(compose([
+        f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=2", "train.mini_batch_size=8",
+        "engine.groups=2", "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=6",
+        f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *extra,
+    ]))
+
+
+# -- damaged files: one line naming the file and what to do ---------------------------------
+def test_garbled_json_names_the_file_and_the_remedy(tmp_path):
+    path = tmp_path / "final.json"
+    path.write_text('{"checkpoint": \n garbage')
+    with pytest.raises(io.CorruptFileError) as error:
+        io.read_json(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: not valid JSON (") and "re-run" in message and "\n" not in message
+
+
+def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_model_dir, tmp_path, caplog):
+    settings = tiny_run(tiny_model_dir, tmp_path)
+    train(settings, progress=False)
+    root = RunPaths.of(settings).checkpoints
+    first, second = ckpt.list_checkpoints(root)
+    (second.path / "model.safetensors").write_bytes(b"\x00garbage, not safetensors" * 10)
+    # resume takes the newest complete checkpoint, saying which one it skipped and why
+    assert ckpt.latest_checkpoint(root).path == first.path
+    assert any(str(second.path) in r.message and "do not match its manifest" in r.message for r in caplog.records)
+    # loading it anyway (an explicit path) is one line naming the file
+    state = start_training(settings)
+    with pytest.raises(io.CorruptFileError, match=rf"^{second.path}/model.safetensors: not a readable safetensors"):
+        ckpt.load_weights(state.policy, second)
+    # a garbled manifest is skipped too, and named
+    (first.path / ckpt.MANIFEST).write_text("{not json")
+    assert ckpt.latest_checkpoint(root) is None
+    with pytest.raises(io.CorruptFileError, match=rf"^{first.path}/manifest.json: not valid JSON"):
+        ckpt.Checkpoint.at(first.path)
+
+
+# -- kills leave nothing behind -----------------------------------------------------------
+def test_temporaries_of_a_killed_write_are_removed_at_the_next_start(tiny_model_dir, tmp_path, caplog):
+    settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=1")
+    paths = RunPaths.of(settings)
+    debris = [paths.checkpoints / ".ckpt-00002.k3j_x9az", paths.checkpoints / ".ckpt-00001.old",
+              paths.root / ".metrics.jsonl.ab12cd34.tmp"]
+    for path in debris[:2]:
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"x" * 1000)
+    debris[2].write_text("half")
+    keep = paths.root / ".keep"  # a hidden file that is not ours stays
+    keep.write_text("")
+    train(settings, progress=False)
+    assert not any(p.exists() for p in debris) and keep.exists()
+    assert {str(p) for p in debris} <= {r.message.split(": ")[0].removeprefix("removed ") for r in caplog.records}
+    assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
+
+
+def test_a_checkpoint_is_replaced_whole(tiny_model_dir, tmp_path, monkeypatch):
+    settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=1")
+    train(settings, progress=False)
+    root = RunPaths.of(settings).checkpoints
+    (old,) = ckpt.list_checkpoints(root)
+    state = start_training(settings)
+    # killed between moving the old one aside and moving the new one in: the old one survives
+    # as a hidden .old directory (cleared at the next start), never a half-deleted ckpt-00001
+    real_rename, calls = ckpt.os.rename, []
+
+    def rename(src, dst):
+        calls.append((Path(src).name, Path(dst).name))
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(root, 1, state.policy, state.trainer.optimizer, config_hash="x", parent=None,
+                             metrics={})
+    assert calls[0] == ("ckpt-00001", ".ckpt-00001.old")
+    assert not (root / "ckpt-00001").exists() and (root / ".ckpt-00001.old" / ckpt.MANIFEST).is_file()
+    assert [p.name for p in root.iterdir() if p.name.startswith(".ckpt-00001.") and p.name != ".ckpt-00001.old"] == []
+    monkeypatch.setattr(ckpt.os, "rename", real_rename)
+    new = ckpt.save_checkpoint(root, 1, state.policy, state.trainer.optimizer, config_hash="y", parent=None,
+                               metrics={})
+    assert ckpt.is_complete(new.path) and new.manifest["config_hash"] == "y" and old.manifest["config_hash"] != "y"
+    assert sorted(p.name for p in root.iterdir()) == [".ckpt-00001.old", "ckpt-00001"]  # until the next start
+    assert io.remove_stale_temporaries(root) == [root / ".ckpt-00001.old"]
+
+
+# -- one run name, one writer ---------------------------------------------------------------
+def _hold(lock: str, ready, release) -> None:
+    with io.exclusive_lock(lock, "run 'x'"):
+        ready.set()
+        release.wait(30)
+
+
+def test_a_second_writer_of_a_run_stops_with_the_holder_named(tmp_path):
+    lock = tmp_path / ".x.lock"
+    context = multiprocessing.get_context("spawn")
+    ready, release = context.Event(), context.Event()
+    holder = context.Process(target=_hold, args=(str(lock), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(60)
+        with pytest.raises(io.RunLockedError, match=rf"run 'x' is in use by pid {holder.pid} \(lock {lock}\)"):
+            with io.exclusive_lock(lock, "run 'x'"):
+                pass
+    finally:
+        release.set()
+        holder.join(30)
+    with io.exclusive_lock(lock, "run 'x'"):  # released with its holder
+        pass
+
+
+def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
+    lock = tmp_path / ".x.lock"
+    code = (f"from mage import io\nimport os, time\nwith io.exclusive_lock({str(lock)!r}, 'run'):\n"
+            f"    print('held', flush=True); time.sleep(60)")
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stdout.readline().strip() == "held"
+        with pytest.raises(io.RunLockedError):
+            with io.exclusive_lock(lock, "run"):
+                pass
+    finally:
+        process.kill()
+        process.wait(30)
+    with io.exclusive_lock(lock, "run"):
+        assert lock.read_text().strip().startswith("pid ")
+
+
+def test_the_command_line_prints_one_line_for_a_run_in_use(tmp_path, monkeypatch, capsys):
+    import flows
+    import flows.__main__ as cli
+
+    def busy(**_):
+        raise io.RunLockedError("run 'x' is in use by pid 1 (lock /tmp/.x.lock); wait for it to finish")
+
+    monkeypatch.setattr(flows, "load", lambda name: busy)
+    assert cli.main(["train"]) == 2
+    assert capsys.readouterr().err == "error: run 'x' is in use by pid 1 (lock /tmp/.x.lock); wait for it to finish\n"
+    with pytest.raises(io.RunLockedError):
+        cli.main(["train", "--debug"])
+
+
+def test_a_flow_process_ends_when_its_parent_is_killed(tmp_path):
+    # `dvc repro` runs a stage as a child process; killed, it must not leave the stage running
+    child = ("import time, flows.__main__ as m\nm.die_with_parent()\nprint('ready', flush=True)\n"
+             "try:\n    time.sleep(60)\nexcept SystemExit:\n    open('exited', 'w').write('yes')\n    raise\n")
+    parent = ("import subprocess, sys\n"
+              f"p = subprocess.Popen([sys.executable, '-c', {child!r}], cwd={str(tmp_path)!r})\n"
+              "print(p.pid, flush=True)\np.wait()\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, env=env)
+    child_pid = int(process.stdout.readline())
+    import time
+
+    deadline = time.time() + 60
+    while not (tmp_path / "exited").exists() and time.time() < deadline:
+        time.sleep(0.2)
+        if time.time() > deadline - 55 and process.poll() is None:
+            process.kill()  # SIGKILL: the parent gets no chance to pass anything on
+    process.wait(30)
+    assert (tmp_path / "exited").read_text() == "yes"
+    time.sleep(0.5)
+    status = Path(f"/proc/{child_pid}/status")  # gone, or a zombie no one has reaped yet
+    assert not status.exists() or "\nState:\tZ" in status.read_text()
