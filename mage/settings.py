@@ -135,7 +135,8 @@ class Settings:
             raise SettingsError(f"config: unknown section(s) {unknown}; allowed sections: {list(SECTIONS)}")
         for name in SECTIONS:
             if raw.get(name) is None:
-                raise SettingsError(f"{name}: missing section (in {source(name) or 'the config'})")
+                hint = "; regenerate it with `python -m mage.config --output params.yaml`" if isinstance(sources, str) else ""
+                raise SettingsError(f"{name}: missing section (in {source(name) or 'the config'}){hint}")
         seed = raw["seed"]  # first: train.seed and others interpolate it
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SettingsError(f"seed: must be an integer >= 0 (got {seed!r}) (in {source('seed')})")
