@@ -36,6 +36,26 @@ def die_with_parent() -> None:
             raise SystemExit(128 + signal.SIGTERM)
 
 
+def check_prefect_api(timeout: float) -> str | None:
+    """With ``PREFECT_API_URL`` set, the API must answer ``/health`` within ``timeout``
+    seconds (a server that accepts connections and never answers would otherwise hang the
+    flow); every later request gets the same bound. None when it answers or none is set."""
+    url = os.environ.get("PREFECT_API_URL")
+    os.environ.setdefault("PREFECT_API_REQUEST_TIMEOUT", str(timeout))
+    if not url:
+        return None  # Prefect starts its own temporary server
+    import httpx
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).raise_for_status()
+    except httpx.TimeoutException:
+        return (f"the Prefect API at {url} did not answer within {timeout:g} s (flow.api_timeout_seconds); "
+                "check the server, or unset PREFECT_API_URL to use a temporary one")
+    except httpx.HTTPError as error:
+        return f"the Prefect API at {url} cannot be reached ({error}); start it, or unset PREFECT_API_URL"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows import FLOWS, load
 
@@ -69,11 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     from mage.settings import SettingsError, load_settings
 
     try:  # a wrong key fails here, before a Prefect server or any work is started
-        load_settings(args.overrides, args.config_file)
+        settings = load_settings(args.overrides, args.config_file)
     except SettingsError as error:
         if args.debug:
             raise
         print(f"config error: {error}", file=sys.stderr)
+        return 2
+    problem = check_prefect_api(settings.flow.api_timeout_seconds)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         load(args.flow)(**kwargs)

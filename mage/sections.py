@@ -243,6 +243,8 @@ class FlowConfig:
     nightly_cron: str = "0 2 * * *"  # the nightly evaluation's schedule
     timezone: str | None = None  # of the cron schedule; None: this machine's local zone
     nightly_run: str | None = None  # the run the nightly evaluation takes (None: run.name)
+    # a Prefect API (PREFECT_API_URL) that does not answer within this fails the command clearly
+    api_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
 
     def __post_init__(self) -> None:
         if len(self.nightly_cron.split()) != 5:

@@ -184,3 +184,34 @@ def test_a_flow_process_ends_when_its_parent_is_killed(tmp_path):
     time.sleep(0.5)
     status = Path(f"/proc/{child_pid}/status")  # gone, or a zombie no one has reaped yet
     assert not status.exists() or "\nState:\tZ" in status.read_text()
+
+
+# -- server faults fail clearly, within flow.api_timeout_seconds ----------------------------
+def test_a_prefect_api_that_hangs_or_is_down_fails_in_bounded_time(monkeypatch, capsys):
+    import socket
+    import time
+
+    import flows
+    import flows.__main__ as cli
+
+    monkeypatch.setattr(flows, "load", lambda name: pytest.fail("a flow started"))
+    monkeypatch.delenv("PREFECT_API_REQUEST_TIMEOUT", raising=False)  # main sets it: restored after the test
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(8)  # accepts connections, never answers
+    try:
+        monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{hung.getsockname()[1]}/api")
+        started = time.monotonic()
+        assert cli.main(["train", "flow.api_timeout_seconds=1.5"]) == 2
+        assert time.monotonic() - started < 20
+        err = capsys.readouterr().err
+        assert "did not answer within 1.5 s (flow.api_timeout_seconds)" in err and err.count("\n") == 1
+    finally:
+        hung.close()
+    down = socket.socket()
+    down.bind(("127.0.0.1", 0))
+    port = down.getsockname()[1]
+    down.close()  # nothing listens there
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
+    assert cli.main(["train"]) == 2
+    assert "cannot be reached" in capsys.readouterr().err
