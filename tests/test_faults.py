@@ -83,7 +83,7 @@ def test_a_checkpoint_is_replaced_whole(tiny_model_dir, tmp_path, monkeypatch):
     state = start_training(settings)
     # killed between moving the old one aside and moving the new one in: the old one survives
     # as a hidden .old directory (cleared at the next start), never a half-deleted ckpt-00001
-    real_rename, calls = ckpt.os.rename, []
+    real_rename, calls = io.os.rename, []
 
     def rename(src, dst):
         calls.append((Path(src).name, Path(dst).name))
@@ -91,14 +91,14 @@ def test_a_checkpoint_is_replaced_whole(tiny_model_dir, tmp_path, monkeypatch):
             raise KeyboardInterrupt("killed")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(ckpt.os, "rename", rename)
+    monkeypatch.setattr(io.os, "rename", rename)
     with pytest.raises(KeyboardInterrupt):
         ckpt.save_checkpoint(root, 1, state.policy, state.trainer.optimizer, config_hash="x", parent=None,
                              metrics={})
     assert calls[0] == ("ckpt-00001", ".ckpt-00001.old")
     assert not (root / "ckpt-00001").exists() and (root / ".ckpt-00001.old" / ckpt.MANIFEST).is_file()
     assert [p.name for p in root.iterdir() if p.name.startswith(".ckpt-00001.") and p.name != ".ckpt-00001.old"] == []
-    monkeypatch.setattr(ckpt.os, "rename", real_rename)
+    monkeypatch.setattr(io.os, "rename", real_rename)
     new = ckpt.save_checkpoint(root, 1, state.policy, state.trainer.optimizer, config_hash="y", parent=None,
                                metrics={})
     assert ckpt.is_complete(new.path) and new.manifest["config_hash"] == "y" and old.manifest["config_hash"] != "y"

@@ -20,10 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,18 +103,18 @@ def save_checkpoint(
     parent: str | None,
     metrics: dict[str, Any],
 ) -> Checkpoint:
-    """Write checkpoint ``iteration`` under ``root`` atomically and return it."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{PREFIX}{iteration:05d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    """Write checkpoint ``iteration`` under ``root`` atomically and return it (an older
+    checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`)."""
+    final = Path(root) / f"{PREFIX}{iteration:05d}"
+    manifest: dict[str, Any] = {}
+
+    def write(tmp: Path) -> None:
         policy.model.save_pretrained(tmp, safe_serialization=True)
         if not policy.is_lora:
             policy.tokenizer.save_pretrained(tmp)
         tensors, groups = _optimizer_tensors(optimizer)
         save_file(tensors | _rng_tensors(), tmp / STATE_FILE)
-        manifest = {
+        manifest.update({
             "iteration": iteration,
             "kind": "lora" if policy.is_lora else "full",
             "base_model": policy.source,
@@ -128,22 +126,10 @@ def save_checkpoint(
             "mage_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
-        }
+        })
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        if final.exists():
-            # An older run's checkpoint of the same iteration: renamed aside, never deleted in
-            # place, so a directory named ckpt-* is always whole (a kill between the renames
-            # leaves a hidden .ckpt-*.old that remove_stale_temporaries clears).
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    io.replace_directory(final, write)
     return Checkpoint(final, manifest)
 
 
