@@ -18,42 +18,19 @@ import sys
 
 def die_with_parent() -> None:
     """End this process when the process that started it dies (Linux), and turn SIGTERM into
-    an ordinary exit so that context managers run (the run's lock, Prefect's temporary
+    an ordinary exit so that context managers run (the run's lock, the temporary Prefect
     server). A `dvc repro` that is killed then does not leave its stage running on its own."""
     import signal
 
     def exit_on_term(signum, frame):
         raise SystemExit(128 + signum)
 
+    from flows.server import end_with_parent
+
     signal.signal(signal.SIGTERM, exit_on_term)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() == 1:  # the parent died before prctl: no signal would come
-            raise SystemExit(128 + signal.SIGTERM)
-
-
-def check_prefect_api(timeout: float) -> str | None:
-    """With ``PREFECT_API_URL`` set, the API must answer ``/health`` within ``timeout``
-    seconds (a server that accepts connections and never answers would otherwise hang the
-    flow); every later request gets the same bound. None when it answers or none is set."""
-    url = os.environ.get("PREFECT_API_URL")
-    os.environ.setdefault("PREFECT_API_REQUEST_TIMEOUT", str(timeout))
-    if not url:
-        return None  # Prefect starts its own temporary server
-    import httpx
-
-    try:
-        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).raise_for_status()
-    except httpx.TimeoutException:
-        return (f"the Prefect API at {url} did not answer within {timeout:g} s (flow.api_timeout_seconds); "
-                "check the server, or unset PREFECT_API_URL to use a temporary one")
-    except httpx.HTTPError as error:
-        return f"the Prefect API at {url} cannot be reached ({error}); start it, or unset PREFECT_API_URL"
-    return None
+    end_with_parent()
+    if os.getppid() == 1:  # the parent died before prctl: no signal would come
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,13 +72,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    problem = check_prefect_api(settings.flow.api_timeout_seconds)
-    if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    from flows.server import PrefectAPIError, prefect_api
+
     try:
-        load(args.flow)(**kwargs)
-    except (CorruptFileError, RunLockedError) as error:  # what the user fixes, not a bug: one line
+        with prefect_api(settings.flow.api_timeout_seconds, settings.flow.server_start_timeout_seconds):
+            load(args.flow)(**kwargs)
+    except (CorruptFileError, RunLockedError, PrefectAPIError) as error:  # what the user fixes, not a bug: one line
         if args.debug:
             raise
         print(f"error: {error}", file=sys.stderr)

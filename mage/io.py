@@ -123,10 +123,10 @@ class RunLockedError(RuntimeError):
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
-    """Hold an exclusive ``flock`` on ``path`` (created if needed) or raise
-    :class:`RunLockedError` at once. The kernel releases it when the holder exits, however
-    it exits, so a killed run never leaves a stale lock."""
+def exclusive_lock(path: str | os.PathLike, what: str, wait: bool = False) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on ``path`` (created if needed): wait for it, or raise
+    :class:`RunLockedError` at once when another process holds it. The kernel releases it
+    when the holder exits, however it exits, so a killed run never leaves a stale lock."""
     import fcntl
 
     lock = Path(path)
@@ -134,7 +134,7 @@ def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[Path]:
     handle = open(lock, "a+")  # noqa: SIM115 (held open for the lock's lifetime)
     try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "another process"

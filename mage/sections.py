@@ -245,6 +245,8 @@ class FlowConfig:
     nightly_run: str | None = None  # the run the nightly evaluation takes (None: run.name)
     # a Prefect API (PREFECT_API_URL) that does not answer within this fails the command clearly
     api_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    # without PREFECT_API_URL, the temporary server a command starts must answer within this
+    server_start_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
 
     def __post_init__(self) -> None:
         if len(self.nightly_cron.split()) != 5:

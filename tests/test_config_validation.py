@@ -102,6 +102,8 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "flow.rollout_shards": below(1),
     "flow.retries": below(0),
     "flow.retry_delay_seconds": outside(0, 86400),
+    "flow.api_timeout_seconds": outside(0, 3600, low_open=True),
+    "flow.server_start_timeout_seconds": outside(0, 3600, low_open=True),
 }
 
 

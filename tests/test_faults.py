@@ -215,3 +215,73 @@ def test_a_prefect_api_that_hangs_or_is_down_fails_in_bounded_time(monkeypatch, 
     monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
     assert cli.main(["train"]) == 2
     assert "cannot be reached" in capsys.readouterr().err
+
+
+# -- the temporary Prefect server lives and dies with its command ---------------------------
+def _servers_of(pid: int) -> list:
+    import psutil
+
+    return [p for p in psutil.Process(pid).children(recursive=True) if "server" in p.cmdline()]
+
+
+def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    flow = subprocess.Popen([sys.executable, "-m", "flows", "seed_population", f"paths.artifacts={tmp_path}/artifacts"],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (servers := _servers_of(flow.pid)) and time.monotonic() < deadline:
+            assert flow.poll() is None, "the flow ended before its server started"
+            time.sleep(0.1)
+        (server,) = servers
+        assert server.cmdline()[-4:-2] == ["--host", "127.0.0.1"]  # never beyond this machine
+    finally:
+        os.kill(flow.pid, signal.SIGKILL)  # no handler runs, no atexit
+        flow.wait(30)
+    try:
+        server.wait(30)  # PR_SET_PDEATHSIG: the kernel signals it when the flow dies
+    except psutil.TimeoutExpired:
+        server.kill()
+        pytest.fail("the temporary Prefect server outlived its flow")
+
+
+def test_first_starts_sharing_a_prefect_home_wait_for_each_other(tmp_path):
+    # two servers migrating one new database at once fail with "no such table": the second
+    # start waits for the first one's lock
+    import os
+    import threading
+    import time
+
+    import httpx
+
+    from flows.server import temporary_server
+
+    home = tmp_path / "home"
+    started: list[str] = []
+    release = threading.Event()
+
+    def start():
+        with temporary_server(home, startup_timeout=120) as url:
+            started.append(url)
+            assert httpx.get(f"{url}/health", timeout=10).json() is True
+            release.wait(60)
+
+    with io.exclusive_lock(home / ".temporary-server.lock", "the Prefect home"):
+        starter = threading.Thread(target=start)
+        starter.start()
+        time.sleep(2)
+        assert not started and not _servers_of(os.getpid())  # waiting, nothing started
+    deadline = time.monotonic() + 120
+    while not started and starter.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started and started[0].startswith("http://127.0.0.1:")
+    release.set()
+    starter.join(60)
+    assert not _servers_of(os.getpid()) and not list(home.glob("temporary-server-*.log"))  # stopped, log removed
