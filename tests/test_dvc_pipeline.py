@@ -230,3 +230,66 @@ def test_two_experiments_compare_side_by_side(clone):
     names = sorted(rows)
     plots = run([sys.executable, "-m", "dvc", "plots", "diff", *names, "--json"], root)
     assert all(name in plots for name in names)
+
+
+def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
+    """SIGKILL `dvc repro` in the middle of training: its stage process ends with it, and the
+    next `dvc repro` resumes from the iterations it had finished (DVC keeps the persisted run
+    directory, so Prefect's cached results still point at their checkpoints)."""
+    import signal
+    import time
+
+    import psutil
+
+    root = clone["root"]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["train"]["iterations"] = 6  # lengthened: the train stage re-runs
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    checkpoints = root / params["paths"]["runs"] / params["run"]["name"] / "checkpoints"
+
+    def finished() -> list[str]:
+        return sorted(p.name for p in checkpoints.glob("ckpt-*") if (p / "manifest.json").is_file())
+
+    def latest() -> int:
+        return int(finished()[-1].removeprefix("ckpt-")) if finished() else 0
+
+    def ended(process: psutil.Process) -> bool:  # gone, or a zombie its new parent has not reaped yet
+        try:
+            return process.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    env = os.environ | SERVER_ENV | {"DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    log = root.parent / "killed-repro.log"
+    with open(log, "w") as out:
+        repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=root, env=env, stdout=out, stderr=out)
+    deadline = time.monotonic() + 300
+    while latest() < 2 and time.monotonic() < deadline:
+        assert repro.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.1)
+    stage = [p for p in psutil.Process(repro.pid).children(recursive=True) if "flows" in p.cmdline()]
+    repro.send_signal(signal.SIGKILL)
+    repro.wait(30)
+    assert stage, "no stage process was running"
+    deadline = time.monotonic() + 60
+    while not all(ended(p) for p in stage) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG ends it
+        time.sleep(0.1)
+    assert all(ended(p) for p in stage), "the stage process outlived dvc"
+    killed_at = finished()
+    time.sleep(2)
+    assert finished() == killed_at, "training went on after dvc was killed"
+    done = latest()
+    assert done < 6, "the kill came too late to test anything"
+    output = run([sys.executable, "-m", "dvc", "repro"], root)
+    assert "Running stage 'train'" in output
+    import re
+
+    updates = dict(re.findall(r"Task run 'update-(\d+)' - Finished in state (\w+)", output))
+    # every iteration finished before the kill is taken from the cache, the others are computed
+    # (the last one may be either: the kill can fall between its checkpoint and its cache record)
+    expected = {str(i): "Cached" if i < done else "Completed" for i in range(1, 7)}
+    assert updates == expected | {str(done): updates.get(str(done))} and updates[str(done)] in {"Cached", "Completed"}, \
+        output[-4000:]
+    assert finished()[-1] == "ckpt-00006" and not list(checkpoints.glob(".ckpt-*"))  # done, no debris
+    assert "up to date" in run([sys.executable, "-m", "dvc", "status"], root)
