@@ -17,7 +17,7 @@ from prefect import flow
 from flows.common import configured, describe_iteration, logger, make_runner, publish_training_table, settings_for
 from mage import io
 from mage.rollout.engine import RolloutStats
-from mage.train.loop import RunPaths, rollout_metrics_of
+from mage.train.loop import RunPaths, drift_warning, rollout_metrics_of
 from tasks.evaluation import evaluate_checkpoint
 from tasks.model import prepare_model
 from tasks.training import rollout_shard, score_rollout, train_iteration
@@ -54,13 +54,9 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
             metrics = result["metrics"] | rollout_metrics_of([RolloutStats(**p["stats"]) for p in played])
             history.append(metrics)
             log.info(describe_iteration(metrics))
-            # Drift is a rise over where the run started (a warm start may begin with many
-            # invalid replies, the Tic-Tac-Toe one does), or a large KL.
-            invalid, first_invalid = (m.get("rollout/invalid_rate", 0.0) for m in (metrics, history[0]))
-            if invalid > first_invalid + 0.15 or metrics.get("train/kl", 0.0) > 1.0:
-                log.warning(f"iteration {iteration}: invalid rate {invalid:.2f} (first iteration {first_invalid:.2f}), "
-                            f"KL {metrics.get('train/kl', 0):.2f}: the policy is drifting far from its reference "
-                            "(a lower train.learning_rate or a larger algo.kl_coef usually holds it)")
+            warning = drift_warning(settings.train, metrics, history[0])
+            if warning:
+                log.warning(warning)
             publish_training_table(settings.run_name, history)
             if live is not None:
                 for key, value in metrics.items():

@@ -34,7 +34,8 @@ from tasks.refs import FileRef, references
 
 MAX_PROBES = 8
 #: Keys that say how much work to schedule, not what one task computes.
-SCHEDULE_KEYS = ("train.iterations", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "flow")
+SCHEDULE_KEYS = ("train.iterations", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
+                 "train.drift_invalid_rise", "train.drift_kl", "flow")
 
 
 @functools.cache

@@ -91,6 +91,8 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "train.keep_checkpoints": below(1),
     "train.eval_every": below(0),
     "train.checkpoint_every": below(1),
+    "train.drift_invalid_rise": outside(0, 1, low_open=True),
+    "train.drift_kl": outside(0, math.inf, low_open=True),
     "train.lr_schedule": words({"constant", "linear"}),
     "train.batching": words({"bucketed", "padded"}),
     "eval.meta_episodes": below(1),

@@ -296,3 +296,16 @@ def test_a_fresh_lora_adapter_depends_on_the_seed_alone(tiny_model_dir, tmp_path
     first, again, other = adapter(0, noise=1), adapter(0, noise=2), adapter(1, noise=1)
     assert first.keys() == again.keys() and all(torch.equal(first[k], again[k]) for k in first)
     assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+def test_drift_is_a_rise_over_the_first_iteration_or_a_large_kl():
+    from mage.train.config import TrainConfig
+    from mage.train.loop import drift_warning
+
+    cfg = TrainConfig(drift_invalid_rise=0.15, drift_kl=1.0)
+    first = {"iteration": 1, "rollout/invalid_rate": 0.40, "train/kl": 0.0}  # a warm start that begins invalid
+    assert drift_warning(cfg, {"iteration": 5, "rollout/invalid_rate": 0.50, "train/kl": 0.9}, first) is None
+    rose = drift_warning(cfg, {"iteration": 6, "rollout/invalid_rate": 0.60, "train/kl": 0.2}, first)
+    assert rose.startswith("iteration 6: invalid rate 0.60 (first iteration 0.40), KL 0.20")
+    assert "KL 1.20" in drift_warning(cfg, {"iteration": 7, "rollout/invalid_rate": 0.40, "train/kl": 1.2}, first)
+    assert drift_warning(TrainConfig(drift_kl=2.0), {"iteration": 7, "train/kl": 1.2}, {}) is None  # the key is read

@@ -57,6 +57,11 @@ class TrainConfig:
     checkpoint_every: PositiveInt = 1  # iterations; 1 loses no finished iteration on a crash
     keep_checkpoints: PositiveInt | None = None  # newest kept (None: all)
     eval_every: Annotated[int, Field(ge=0)] = 0  # iterations between evaluations in the flow (0: only at the end)
+    # Drift warnings: the invalid-reply rate rising this far over the run's first iteration
+    # (a warm start may begin with many invalid replies: the Tic-Tac-Toe one does), or a KL
+    # to the reference above drift_kl. They change no result.
+    drift_invalid_rise: Annotated[float, Field(gt=0, le=1)] = 0.15
+    drift_kl: Annotated[float, Field(gt=0)] = 1.0
 
     def learning_rate_at(self, iteration: int) -> float:
         """The learning rate of (1-based) ``iteration``.

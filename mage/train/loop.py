@@ -36,6 +36,7 @@ from mage.rollout.engine import derive_seed
 from mage.rollout.metrics import final_episode_metrics
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
+from mage.train.config import TrainConfig
 from mage.train.trainer import PolicyTrainer
 
 
@@ -249,6 +250,19 @@ def record_metrics(settings: Settings, metrics: dict[str, Any]) -> None:
     io.write_text(path, "\n".join(lines + [json.dumps(metrics, sort_keys=True)]) + "\n")
 
 
+def drift_warning(train_cfg: TrainConfig, metrics: dict[str, Any], first: dict[str, Any]) -> str | None:
+    """A warning when the policy drifts far from its reference: the invalid-reply rate rose
+    ``train.drift_invalid_rise`` over the run's ``first`` iteration, or the KL exceeds
+    ``train.drift_kl``. None otherwise."""
+    invalid, first_invalid = (m.get("rollout/invalid_rate", 0.0) for m in (metrics, first))
+    kl = metrics.get("train/kl", 0.0)
+    if invalid <= first_invalid + train_cfg.drift_invalid_rise and kl <= train_cfg.drift_kl:
+        return None
+    return (f"iteration {metrics['iteration']}: invalid rate {invalid:.2f} (first iteration {first_invalid:.2f}), "
+            f"KL {kl:.2f}: the policy is drifting far from its reference (a lower train.learning_rate or a "
+            "larger algo.kl_coef usually holds it)")
+
+
 @dataclass
 class IterationResult:
     iteration: int
@@ -299,6 +313,9 @@ def train(
                 break
             result = run_iteration(state, iteration, progress)
             results.append(result)
+            warning = drift_warning(settings.train, result.metrics, results[0].metrics)
+            if warning:
+                logging.getLogger(__name__).warning(warning)
             if on_iteration is not None:
                 on_iteration(result)
     return results
