@@ -13,40 +13,19 @@ from ``mage.rollout.metrics``.
 from __future__ import annotations
 
 import zlib
-from dataclasses import field, replace
-from typing import TYPE_CHECKING, Annotated, Literal, get_args
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import polars as pl
-from pydantic import Field
-from pydantic.dataclasses import dataclass as validated_dataclass
 
-from mage.backends import Backend, SamplingSettings
+from mage.backends import Backend
 from mage.population import PopulationEntry
 from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
 from mage.rollout.engine import derive_seed
+from mage.sections import EvalConfig
 
-if TYPE_CHECKING:  # mage.settings holds an EvalConfig
+if TYPE_CHECKING:
     from mage.settings import Settings
-
-Split = Literal["held_out", "train", "all"]
-SPLITS: tuple[str, ...] = get_args(Split)
-
-
-@validated_dataclass(frozen=True)
-class EvalConfig:
-    """``params/eval``; ranges are checked on construction."""
-
-    split: Split = "held_out"
-    episodes: Annotated[int, Field(ge=1, le=100)] = 3
-    meta_episodes: Annotated[int, Field(ge=1, le=1_000_000)] = 384  # per split, shared equally by its opponents
-    group_size: Annotated[int, Field(ge=1, le=1024)] = 1
-    early_stop: bool = True
-    seed: Annotated[int, Field(ge=0)] = 1234
-    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.7, top_p=0.8, top_k=20))
-
-    def groups_per_opponent(self, opponents: int) -> int:
-        """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""
-        return max(1, -(-self.meta_episodes // (max(opponents, 1) * self.group_size)))
 
 
 def opponents_for(settings: Settings, split: str) -> list[PopulationEntry]:

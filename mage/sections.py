@@ -251,3 +251,23 @@ class FlowConfig:
     def __post_init__(self) -> None:
         if len(self.nightly_cron.split()) != 5:
             raise ValueError(f"nightly_cron must be a five-field cron expression, got {self.nightly_cron!r}")
+
+
+Split = Literal["held_out", "train", "all"]
+
+
+@validated_dataclass(frozen=True)
+class EvalConfig:
+    """``params/eval``; ranges are checked on construction."""
+
+    split: Split = "held_out"
+    episodes: Annotated[int, Field(ge=1, le=100)] = 3
+    meta_episodes: Annotated[int, Field(ge=1, le=1_000_000)] = 384  # per split, shared equally by its opponents
+    group_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    early_stop: bool = True
+    seed: Annotated[int, Field(ge=0)] = 1234
+    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.7, top_p=0.8, top_k=20))
+
+    def groups_per_opponent(self, opponents: int) -> int:
+        """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""
+        return max(1, -(-self.meta_episodes // (max(opponents, 1) * self.group_size)))

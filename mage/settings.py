@@ -26,11 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from mage.algo.config import AlgoConfig
 from mage.backends.base import SamplingSettings
-from mage.evaluation import EvalConfig
 from mage.rollout.engine import RolloutConfig
 from mage.sections import (
     CeilingSettings,
     EngineConfig,
+    EvalConfig,
     FlowConfig,
     GameConfig,
     HFOptions,
