@@ -17,7 +17,7 @@ from prefect import flow
 from flows.common import configured, describe_iteration, logger, make_runner, publish_training_table, settings_for
 from mage import io
 from mage.rollout.engine import RolloutStats
-from mage.train.loop import RunPaths, drift_warning, rollout_metrics_of
+from mage.train.loop import RunPaths, drift_warning, record_metrics, rollout_metrics_of
 from tasks.evaluation import evaluate_checkpoint
 from tasks.model import prepare_model
 from tasks.training import rollout_shard, score_rollout, train_iteration
@@ -52,6 +52,7 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
             result = update(config, model, table, checkpoint, iteration)
             checkpoint = result["checkpoint"]
             metrics = result["metrics"] | rollout_metrics_of([RolloutStats(**p["stats"]) for p in played])
+            record_metrics(settings, metrics)  # the run's metrics.jsonl, as mage.train.loop writes it
             history.append(metrics)
             log.info(describe_iteration(metrics))
             warning = drift_warning(settings.train, metrics, history[0])

@@ -8,7 +8,7 @@ import polars as pl
 from prefect import task
 
 from mage.rollout import read_trajectories, write_trajectories
-from mage.train.loop import RunPaths, iteration_metrics, record_metrics, rollout_iteration, score_iteration
+from mage.train.loop import RunPaths, iteration_metrics, rollout_iteration, score_iteration
 from tasks import state as memory
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
 from tasks.config import settings_of
@@ -60,5 +60,4 @@ def train_iteration(
         except BaseException:
             memory.forget()  # the in-memory weights may be half-updated: never reuse them
             raise
-    record_metrics(settings, metrics)
     return {"checkpoint": FileRef.of(saved.path, "checkpoint"), "metrics": metrics}

@@ -86,9 +86,15 @@ def test_train_flow_gives_the_library_s_weights(tiny_model_dir, tmp_path):
     table_a = pl.read_parquet(RunPaths.of(flowed).rollout(2))
     table_b = pl.read_parquet(RunPaths.of(direct).rollout(2))
     assert table_a.equals(table_b)
-    # The metrics file has one line per iteration, as the library writes it.
+    # The metrics file has one line per iteration, as the library writes it: the same figures
+    # (the rollout's included), equal but for what is measured (time, memory).
     lines = [json.loads(line) for line in RunPaths.of(flowed).metrics.read_text().splitlines()]
+    library_lines = [json.loads(line) for line in RunPaths.of(direct).metrics.read_text().splitlines()]
     assert [m["iteration"] for m in lines] == [1, 2] and all("train/kl" in m for m in lines)
+    for mine, theirs in zip(lines, library_lines, strict=True):
+        assert mine.keys() == theirs.keys() and "rollout/invalid_rate" in mine
+        measured = {k for k in mine if "per_second" in k or "seconds" in k or "memory" in k}
+        assert {k: v for k, v in mine.items() if k not in measured} == {k: v for k, v in theirs.items() if k not in measured}
 
 
 def test_a_second_run_hits_the_cache_and_a_longer_run_reuses_finished_iterations(tiny_model_dir, tmp_path):
