@@ -27,9 +27,10 @@ def die_with_parent() -> None:
 
     from flows.server import end_with_parent
 
+    parent = os.getppid()
     signal.signal(signal.SIGTERM, exit_on_term)
     end_with_parent()
-    if os.getppid() == 1:  # the parent died before prctl: no signal would come
+    if os.getppid() != parent:  # the parent died before prctl: no signal would come
         raise SystemExit(128 + signal.SIGTERM)
 
 

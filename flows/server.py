@@ -44,14 +44,38 @@ def check_prefect_api(url: str, timeout: float) -> None:
                               "PREFECT_API_URL to use a temporary one") from None
 
 
-def end_with_parent() -> None:
-    """SIGTERM the calling process when its parent dies (Linux ``PR_SET_PDEATHSIG``). It is
-    a property of the thread that started the process, here always the main one."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _pdeathsig_setter():
+    """``prctl(PR_SET_PDEATHSIG, SIGTERM)`` for the calling process, looked up now (None off
+    Linux). The signal comes when the *thread* that started the process exits; here that is
+    always the main one."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+def end_with_parent() -> None:
+    """SIGTERM this process when its parent dies (Linux)."""
+    setter = _pdeathsig_setter()
+    if setter is not None:
+        setter()
+
+
+def _ends_with_this_process():
+    """A ``preexec_fn`` that ties a child to this process. Everything is looked up before the
+    fork: between fork and exec the child only calls prctl (no import, no dlopen)."""
+    setter, this = _pdeathsig_setter(), os.getpid()
+
+    def in_child() -> None:
+        if setter is not None:
+            setter()
+        if os.getppid() != this:  # this process died before prctl: no signal would come
+            os._exit(1)
+
+    return in_child
 
 
 def _free_port() -> int:
@@ -82,14 +106,15 @@ def temporary_server(home: Path, startup_timeout: float) -> Iterator[str]:
     }
     env.pop("PREFECT_API_URL", None)
     with io.exclusive_lock(home / ".temporary-server.lock", "the Prefect home", wait=True):
+        _remove_logs_of_dead_commands(home)
         port = _free_port()
         url = f"http://127.0.0.1:{port}/api"
-        log = home / f"temporary-server-{port}.log"
+        log = home / f"temporary-server-{os.getpid()}.log"  # named by its command: a killed one's is removed later
         with open(log, "w") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=end_with_parent)  # noqa: PLW1509 (the child calls prctl only)
+                preexec_fn=_ends_with_this_process())  # noqa: PLW1509 (the child calls prctl only)
         try:
             _wait_until_healthy(url, process, startup_timeout, log)
         except BaseException:
@@ -102,6 +127,13 @@ def temporary_server(home: Path, startup_timeout: float) -> Iterator[str]:
         log.unlink(missing_ok=True)
 
 
+def _remove_logs_of_dead_commands(home: Path) -> None:
+    for log in home.glob("temporary-server-*.log"):
+        pid = log.stem.removeprefix("temporary-server-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and sys.platform.startswith("linux"):
+            log.unlink(missing_ok=True)
+
+
 def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, log: Path) -> None:
     import httpx
 
@@ -112,8 +144,8 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, log
             raise PrefectAPIError(f"the temporary Prefect server exited with status {process.returncode} "
                                   f"(log {log}): {tail.splitlines()[-1] if tail else 'no output'}")
         try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200 and process.poll() is None:
+                return  # ours answered (not another server that took the port first)
         except httpx.HTTPError:
             pass
         time.sleep(0.25)
@@ -124,37 +156,52 @@ def _wait_until_healthy(url: str, process: subprocess.Popen, timeout: float, log
 
 @contextmanager
 def prefect_api(request_timeout: float, start_timeout: float) -> Iterator[str]:
-    """The API this command's flows report to: ``PREFECT_API_URL`` once it answers, or a
-    temporary server of this process's own that must start within ``start_timeout`` seconds.
-    Every request gets ``request_timeout`` seconds."""
-    os.environ.setdefault("PREFECT_API_REQUEST_TIMEOUT", str(request_timeout))
-    url = os.environ.get("PREFECT_API_URL")
-    if url:
-        check_prefect_api(url, request_timeout)
-        yield url
-        return
+    """The API this command's flows report to: the configured one (``PREFECT_API_URL``, from
+    the environment or a Prefect profile) once it answers, or a temporary server of this
+    process's own that must start within ``start_timeout`` seconds. Every request gets
+    ``request_timeout`` seconds. The environment is restored afterwards."""
     from prefect.context import refresh_global_settings_context
     from prefect.settings import get_current_settings
 
-    with temporary_server(Path(get_current_settings().home), start_timeout) as url:
-        os.environ["PREFECT_API_URL"] = url  # for Prefect's settings, and for any child process
-        refresh_global_settings_context()
-        try:
-            yield url
-        finally:
-            deliver_queued_logs_and_events()
-            del os.environ["PREFECT_API_URL"]
+    saved = {key: os.environ.get(key) for key in ("PREFECT_API_URL", "PREFECT_API_REQUEST_TIMEOUT")}
+    os.environ["PREFECT_API_REQUEST_TIMEOUT"] = str(request_timeout)
+    refresh_global_settings_context()
+    try:
+        settings = get_current_settings()
+        if settings.api.url:
+            check_prefect_api(settings.api.url, request_timeout)
+            yield settings.api.url
+            return
+        with temporary_server(Path(settings.home), start_timeout) as url:
+            os.environ["PREFECT_API_URL"] = url  # for Prefect's settings, and for any child process
             refresh_global_settings_context()
+            try:
+                yield url
+            finally:
+                deliver_queued_logs_and_events()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        refresh_global_settings_context()
 
 
 def deliver_queued_logs_and_events(timeout: float = 10.0) -> None:
     """Send what Prefect's background workers still queue to the server before it stops
-    (otherwise the last lines fail with "Error logging to API")."""
-    if "prefect.logging.handlers" in sys.modules:
-        from prefect.logging.handlers import APILogWorker
+    (otherwise the last lines fail with "Error logging to API"). A failure here loses log
+    lines, not work: it is a warning, and never hides the command's own error."""
+    import logging
 
-        APILogWorker.drain_all(timeout=timeout)
-    if "prefect.events.worker" in sys.modules:
-        from prefect.events.worker import EventsWorker
+    try:
+        if "prefect.logging.handlers" in sys.modules:
+            from prefect.logging.handlers import APILogWorker
 
-        EventsWorker.drain_all(timeout=timeout)
+            APILogWorker.drain_all(timeout=timeout)
+        if "prefect.events.worker" in sys.modules:
+            from prefect.events.worker import EventsWorker
+
+            EventsWorker.drain_all(timeout=timeout)
+    except Exception as error:  # noqa: BLE001
+        logging.getLogger(__name__).warning(f"Prefect's last logs and events may not have reached the server: {error}")

@@ -20,8 +20,8 @@ from mage.rollout.engine import RolloutStats
 from mage.train.loop import RunPaths, drift_warning, record_metrics, rollout_metrics_of
 from tasks.evaluation import evaluate_checkpoint
 from tasks.model import prepare_model
-from tasks.training import rollout_shard, score_rollout, train_iteration
 from tasks.refs import FileRef
+from tasks.training import rollout_shard, score_rollout, train_iteration
 
 
 @flow(name="train")

@@ -268,6 +268,7 @@ def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     while latest() < 2 and time.monotonic() < deadline:
         assert repro.poll() is None, log.read_text()[-3000:]
         time.sleep(0.1)
+    assert latest() >= 2, f"no second iteration within 300 s:\n{log.read_text()[-3000:]}"
     stage = [p for p in psutil.Process(repro.pid).children(recursive=True) if "flows" in p.cmdline()]
     repro.send_signal(signal.SIGKILL)
     repro.wait(30)

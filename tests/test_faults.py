@@ -218,10 +218,28 @@ def test_a_prefect_api_that_hangs_or_is_down_fails_in_bounded_time(monkeypatch, 
 
 
 # -- the temporary Prefect server lives and dies with its command ---------------------------
-def _servers_of(pid: int) -> list:
+def _servers_of(pid: int, home: Path) -> list:
+    """The ``prefect server start`` processes under ``pid`` with their database in ``home``."""
     import psutil
 
-    return [p for p in psutil.Process(pid).children(recursive=True) if "server" in p.cmdline()]
+    found = []
+    for process in psutil.Process(pid).children(recursive=True):
+        try:
+            if "server" in process.cmdline() and process.environ().get("PREFECT_HOME") == str(home):
+                found.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _ended(process) -> bool:
+    """Gone, or a zombie that its new parent has not reaped yet."""
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
@@ -229,15 +247,15 @@ def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
     import signal
     import time
 
-    import psutil
-
-    env = os.environ | {"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    home = tmp_path / "home"
+    env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
-    flow = subprocess.Popen([sys.executable, "-m", "flows", "seed_population", f"paths.artifacts={tmp_path}/artifacts"],
+    flow = subprocess.Popen([sys.executable, "-m", "flows", "seed_population", f"paths.artifacts={tmp_path}/artifacts",
+                             f"paths.results={tmp_path}/results"],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not (servers := _servers_of(flow.pid)) and time.monotonic() < deadline:
+        while not (servers := _servers_of(flow.pid, home)) and time.monotonic() < deadline:
             assert flow.poll() is None, "the flow ended before its server started"
             time.sleep(0.1)
         (server,) = servers
@@ -245,9 +263,10 @@ def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
     finally:
         os.kill(flow.pid, signal.SIGKILL)  # no handler runs, no atexit
         flow.wait(30)
-    try:
-        server.wait(30)  # PR_SET_PDEATHSIG: the kernel signals it when the flow dies
-    except psutil.TimeoutExpired:
+    deadline = time.monotonic() + 60
+    while not _ended(server) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG: the kernel signals it
+        time.sleep(0.1)
+    if not _ended(server):
         server.kill()
         pytest.fail("the temporary Prefect server outlived its flow")
 
@@ -265,23 +284,30 @@ def test_first_starts_sharing_a_prefect_home_wait_for_each_other(tmp_path):
 
     home = tmp_path / "home"
     started: list[str] = []
+    failures: list[BaseException] = []
     release = threading.Event()
 
     def start():
-        with temporary_server(home, startup_timeout=120) as url:
-            started.append(url)
-            assert httpx.get(f"{url}/health", timeout=10).json() is True
-            release.wait(60)
+        try:
+            with temporary_server(home, startup_timeout=120) as url:
+                assert httpx.get(f"{url}/health", timeout=10).json() is True
+                started.append(url)
+                release.wait(60)
+        except BaseException as error:  # noqa: BLE001 (re-raised in the test's thread)
+            failures.append(error)
 
-    with io.exclusive_lock(home / ".temporary-server.lock", "the Prefect home"):
-        starter = threading.Thread(target=start)
-        starter.start()
-        time.sleep(2)
-        assert not started and not _servers_of(os.getpid())  # waiting, nothing started
-    deadline = time.monotonic() + 120
-    while not started and starter.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert started and started[0].startswith("http://127.0.0.1:")
-    release.set()
-    starter.join(60)
-    assert not _servers_of(os.getpid()) and not list(home.glob("temporary-server-*.log"))  # stopped, log removed
+    starter = threading.Thread(target=start)
+    try:
+        with io.exclusive_lock(home / ".temporary-server.lock", "the Prefect home"):
+            starter.start()
+            time.sleep(2)
+            assert not started and not _servers_of(os.getpid(), home)  # waiting, nothing started
+        deadline = time.monotonic() + 120
+        while not started and starter.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started and started[0].startswith("http://127.0.0.1:"), failures
+    finally:
+        release.set()
+        starter.join(60)
+    assert not failures, failures
+    assert not _servers_of(os.getpid(), home) and not list(home.glob("temporary-server-*.log"))  # stopped, log gone

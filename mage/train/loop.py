@@ -250,6 +250,13 @@ def record_metrics(settings: Settings, metrics: dict[str, Any]) -> None:
     io.write_text(path, "\n".join(lines + [json.dumps(metrics, sort_keys=True)]) + "\n")
 
 
+def first_recorded_metrics(settings: Settings) -> dict[str, Any]:
+    """The metrics of the run's earliest recorded iteration (``metrics.jsonl``), or {}."""
+    path = RunPaths.of(settings).metrics
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return min(lines, key=lambda m: m.get("iteration", 0), default={})
+
+
 def drift_warning(train_cfg: TrainConfig, metrics: dict[str, Any], first: dict[str, Any]) -> str | None:
     """A warning when the policy drifts far from its reference: the invalid-reply rate rose
     ``train.drift_invalid_rise`` over the run's ``first`` iteration, or the KL exceeds
@@ -308,12 +315,14 @@ def train(
         state = start_training(settings, latest)
         start = latest.iteration + 1 if latest else 1
         results = []
+        first: dict[str, Any] = {}
         for iteration in range(start, settings.train.iterations + 1):
             if stop_after is not None and len(results) >= stop_after:
                 break
             result = run_iteration(state, iteration, progress)
             results.append(result)
-            warning = drift_warning(settings.train, result.metrics, results[0].metrics)
+            first = first or first_recorded_metrics(settings)  # the run's first, also after a resume
+            warning = drift_warning(settings.train, result.metrics, first)
             if warning:
                 logging.getLogger(__name__).warning(warning)
             if on_iteration is not None:
