@@ -115,11 +115,22 @@ class ArtifactCachePolicy(CachePolicy):
                 return key  # free: the task runs and its result is stored here
             try:
                 result = store.read(key).result
-            except Exception:  # unreadable record: treat it as stale
+            except Exception as error:  # unreadable record: treat it as stale
+                _warn_recomputed(task_ctx, f"its cached result {key[:12]} cannot be read ({type(error).__name__})")
                 continue
-            if all(ref.is_valid() for ref in references(result)):
+            changed = [ref.path for ref in references(result) if not ref.is_valid()]
+            if not changed:
                 return key  # a cached result whose files are intact
+            _warn_recomputed(task_ctx, f"{', '.join(changed)} changed or disappeared since its cached run wrote it")
         return None  # every probe is stale: run without caching
+
+
+def _warn_recomputed(task_ctx: Any, why: str) -> None:
+    """Nothing silent: a task that runs again because its cached files were damaged says so."""
+    import logging
+
+    name = getattr(getattr(task_ctx, "task", None), "name", "a task")
+    logging.getLogger("prefect.task_runs").warning(f"{name}: {why}; computing it again")
 
 
 def is_transient(exception: BaseException | None) -> bool:

@@ -112,14 +112,17 @@ def test_a_second_run_hits_the_cache_and_a_longer_run_reuses_finished_iterations
     assert longer["rollout-3-shard-0"] == longer["score-3"] == longer["update-3"] == "Completed"
 
 
-def test_a_result_whose_file_is_gone_is_computed_again(tiny_model_dir, tmp_path):
+def test_a_result_whose_file_is_gone_is_computed_again(tiny_model_dir, tmp_path, caplog):
     args = overrides(tiny_model_dir, tmp_path)
     train(args)
     settings = load_settings(args)
     shard = RunPaths.of(settings).rollout_shard(2, 0)
     shard.unlink()
+    caplog.clear()
     again = state_names(train(args, return_state=True))
-    assert again["rollout-2-shard-0"] == "Completed"  # its file was gone: it ran again
+    assert again["rollout-2-shard-0"] == "Completed"  # its file was gone: it ran again, and said why
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and str(shard) in r.getMessage()] == [
+        f"rollout-shard: {shard} changed or disappeared since its cached run wrote it; computing it again"]
     assert shard.is_file()
     assert again["rollout-1-shard-0"] == again["score-1"] == again["update-1"] == "Cached"
 
