@@ -125,12 +125,28 @@ class ArtifactCachePolicy(CachePolicy):
         return None  # every probe is stale: run without caching
 
 
+_WARNED: set[tuple[str, str]] = set()
+
+
 def _warn_recomputed(task_ctx: Any, why: str) -> None:
-    """Nothing silent: a task that runs again because its cached files were damaged says so."""
+    """Nothing silent: a task that runs again because its cached files were damaged says so
+    (once per task run: Prefect may compute a key more than once)."""
     import logging
 
+    run_id = str(getattr(getattr(task_ctx, "task_run", None), "id", ""))
+    if (run_id, why) in _WARNED:
+        return
+    _WARNED.add((run_id, why))
+
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
     name = getattr(getattr(task_ctx, "task", None), "name", "a task")
-    logging.getLogger("prefect.task_runs").warning(f"{name}: {why}; computing it again")
+    try:
+        log = get_run_logger()  # the task run's logger: the line reaches the UI too
+    except MissingContextError:
+        log = logging.getLogger(__name__)
+    log.warning(f"{name}: {why}; computing it again")
 
 
 def is_transient(exception: BaseException | None) -> bool:
