@@ -213,8 +213,9 @@ def concurrent_first_starts(work: Path, trials: int) -> list[dict[str, Any]]:
 def second_writer(work: Path, small: list[str]) -> dict[str, Any]:
     """A second run with the same run name while the first one trains."""
     artifacts = work / "two-writers"
-    command = [sys.executable, "-m", "flows", "train", *small, "train.iterations=6", f"paths.artifacts={artifacts}",
-               f"paths.results={artifacts}/results"]
+    # long enough that the second command reaches the lock while the first still trains
+    command = [sys.executable, "-m", "flows", "train", *small, "train.iterations=40", f"model.path={work / 'model'}",
+               f"paths.artifacts={artifacts}", f"paths.results={artifacts}/results"]
     first = subprocess.Popen(command, cwd=REPO, env=environment(work / "two-writers-home"),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

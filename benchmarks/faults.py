@@ -104,40 +104,50 @@ def probe_kills(work: Path, kills: int, rng: random.Random) -> list[dict]:
 
 
 def probe_corruptions(work: Path) -> list[dict]:
-    """Damage each file a run reads, then run the command that reads it."""
-    source = work / "reference" / "artifacts"
-    if not source.is_dir():  # --only corruptions: make the run to damage
-        run_command([sys.executable, "-m", "flows", "train", *SMALL, f"model.path={work / 'model'}",
-                     *paths(source.parent)], REPO,
-                    work / "reference" / "home", check=True)
+    """Damage each file a run reads, then run the command that reads it. Each case trains its
+    own small run first (final.json and Prefect's cached results hold absolute paths, so a
+    copied run would still read the original's files)."""
+    flows = [sys.executable, "-m", "flows"]
+    small = [*SMALL, f"model.path={work / 'model'}", "paths.artifacts={artifacts}", "paths.results={artifacts}/../results"]
+    if not (work / "model" / "config.json").is_file():  # --only corruptions: prepare the shared warm start
+        run_command([*flows, "prepare_model", *SMALL, f"model.path={work / 'model'}", *paths(work / "prepare")], REPO,
+                    work / "prepare" / "home", check=True)
     records = []
 
-    def case(name: str, damage, command: list[str], expect: str) -> None:
+    def case(name: str, damage, command: list[str], expect: str, trained: bool = True) -> None:
         root = work / f"corrupt-{len(records)}"
-        shutil.copytree(source, root / "artifacts")
-        shutil.copytree(work / "reference" / "home", root / "home")
+        root.mkdir(parents=True, exist_ok=True)
+
+        def here(parts: list[str]) -> list[str]:
+            return [part.replace("{artifacts}", str(root / "artifacts")) for part in parts]
+        if trained:
+            run_command(here([*flows, "train", *small]), REPO, root / "home", check=True)
         target = damage(root)
-        command = [part.replace("{artifacts}", str(root / "artifacts")) for part in command]
-        result = run_command(command, REPO, root / "home")
+        result = run_command(here(command), REPO, root / "home")
         verdict = one_line_error(result, target) if expect == "error" else (
             result["rc"] == 0 and any("WARNING" in line and (target.name in line or target.parent.name in line)
                                       for line in result["output"].splitlines()))
         records.append({"case": name, "file": str(target.relative_to(root)), "expected": expect, "rc": result["rc"],
                         "traceback": "Traceback" in result["output"], "as_designed": bool(verdict),
-                        "seconds": round(result["seconds"], 1), "message": result["last_error"]})
+                        "seconds": round(result["seconds"], 1), "message": result["last_error"],
+                        "warnings": [line for line in result["output"].splitlines() if "WARNING" in line][:5]})
         print(json.dumps(records[-1]), flush=True)
 
     def final_checkpoint(root: Path) -> Path:
-        return Path(json.loads(next((root / "artifacts" / "runs").glob("*/final.json")).read_text())["checkpoint"]
-                    .replace(str(source), str(root / "artifacts")))
+        return Path(json.loads(next((root / "artifacts" / "runs").glob("*/final.json")).read_text())["checkpoint"])
 
-    def garbage_weights(root: Path) -> Path:
-        target = next(final_checkpoint(root).glob("*.safetensors"))
-        target.write_bytes(os.urandom(4096))
-        return target
-
-    def garble(pattern: str):
+    def garbage(name: str):
         def damage(root: Path) -> Path:
+            target = final_checkpoint(root) / name
+            target.write_bytes(os.urandom(4096))
+            return target
+        return damage
+
+    def garble(pattern: str, first: list[str] | None = None):
+        def damage(root: Path) -> Path:
+            if first:  # write the file first
+                run_command([part.replace("{artifacts}", str(root / "artifacts")) for part in first], REPO,
+                            root / "home", check=True)
             target = next((root / "artifacts").rglob(pattern))
             target.write_text("{\n" + target.read_text()[: len(target.read_text()) // 2])
             return target
@@ -158,16 +168,17 @@ def probe_corruptions(work: Path) -> list[dict]:
             return target
         return damage
 
-    flows = [sys.executable, "-m", "flows"]
-    small = [*SMALL, f"model.path={work / 'model'}", "paths.artifacts={artifacts}", "paths.results={artifacts}/../results"]
-    case("garbage tensors, valid manifest (evaluate)", garbage_weights, [*flows, "evaluate", *small, "--no-report"], "error")
-    case("garbage tensors, valid manifest (resume)", garbage_weights,
-         [*flows, "train", *[s for s in small if not s.startswith("train.iterations")], "train.iterations=5"], "warning")
+    longer = [*flows, "train", *[s for s in small if not s.startswith("train.iterations")], "train.iterations=5"]
+    case("garbage weights, valid manifest (evaluate)", garbage("model.safetensors"),
+         [*flows, "evaluate", *small, "--no-report"], "error")
+    case("garbage weights, valid manifest (resume)", garbage("model.safetensors"), longer, "warning")
+    case("garbage optimizer state, valid manifest (resume)", garbage("trainer_state.safetensors"), longer, "warning")
     case("garbled final.json (evaluate)", garble("final.json"), [*flows, "evaluate", *small, "--no-report"], "warning")
-    case("garbled population manifest", garble("population/*.json"), [*flows, "seed_population", *small], "warning")
+    case("garbled population manifest", garble("population/*.json", [*flows, "seed_population", *small]),
+         [*flows, "seed_population", *small], "warning", trained=False)
     for label, text in (("truncated params.yaml", "truncated"), ("empty config file", ""),
                         ("config file that is not YAML", "game: {name: kuhn\n  params: ["), ("missing config file", None)):
-        case(label, config_file(text), [*flows, "train", "--config", "{artifacts}/../params.yaml"], "error")
+        case(label, config_file(text), [*flows, "train", "--config", "{artifacts}/../params.yaml"], "error", trained=False)
     return records
 
 
@@ -214,7 +225,11 @@ def probe_configs() -> list[dict]:
             flows.load = real_load
         lines = [line for line in err.getvalue().splitlines() if line.strip()]
         key = overrides[-1].split("=")[0].lstrip("+")
-        named = bool(lines) and key in lines[0]
+        parts = key.split(".")
+        # the key, a dotted prefix of it (a rule over a whole section: "population.train
+        # shares sum to 0.7"), or its section with the leaf ("train: unknown key(s) ['extra']")
+        named = bool(lines) and (any(".".join(parts[:n]) in lines[0] for n in range(len(parts), 1, -1))
+                                 or (parts[0] in lines[0] and parts[-1] in lines[0]))
         records.append({"overrides": " ".join(overrides), "rc": rc, "started_a_flow": bool(started),
                         "one_line": len(lines) == 1 and lines[0].startswith("config error:"), "names_the_key": named,
                         "traceback": traceback, "message": lines[0] if lines else ""})
