@@ -50,6 +50,14 @@ def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_mo
     state = start_training(settings)
     with pytest.raises(io.CorruptFileError, match=rf"^{second.path}/model.safetensors: not a readable safetensors"):
         ckpt.load_weights(state.policy, second)
+    # evaluating it, by name or as the run's final checkpoint, is the same one line (no stand-in)
+    from flows.evaluate import checkpoint_ref
+
+    io.write_json(RunPaths.of(settings).root / "final.json", {"checkpoint": str(second.path)})
+    for explicit in (str(second.path), None):
+        with pytest.raises(io.CorruptFileError, match=rf"^{second.path}/model.safetensors: does not match the "
+                                                      r"checkpoint's manifest; delete this checkpoint directory"):
+            checkpoint_ref(settings, explicit)
     # a garbled manifest is skipped too, and named
     (first.path / ckpt.MANIFEST).write_text("{not json")
     assert ckpt.latest_checkpoint(root) is None

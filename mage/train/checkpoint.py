@@ -138,20 +138,39 @@ def _json_rng(state: tuple) -> list:
     return [version, list(internal), gauss]
 
 
+def damaged_files(path: Path) -> list[str]:
+    """The files of checkpoint ``path`` that are missing or do not match its manifest (the
+    manifest itself, when it is missing or unreadable); empty for a complete checkpoint."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return [MANIFEST]
+    try:
+        files = io.read_json(manifest_path, DAMAGED)["files"]
+        return [name for name, digest in files.items() if not (path / name).is_file() or sha256(path / name) != digest]
+    except (io.CorruptFileError, KeyError, TypeError, AttributeError) as error:
+        return [f"{MANIFEST} ({error})"]
+
+
 def is_complete(path: Path) -> bool:
     """Whether ``path`` holds a checkpoint whose files all match its manifest (a damaged
     one is skipped with a WARNING naming it: a resumed run starts from the one before)."""
-    manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        return False
-    try:
-        files = io.read_json(manifest_path, DAMAGED)["files"]
-        bad = [name for name, digest in files.items() if not (path / name).is_file() or sha256(path / name) != digest]
-    except (io.CorruptFileError, KeyError, TypeError, AttributeError) as error:
-        bad = [f"{MANIFEST} ({error})"]
+    if not (path / MANIFEST).is_file():
+        return False  # being written, or not a checkpoint
+    bad = damaged_files(path)
     if bad:
         logging.getLogger(__name__).warning(f"{path}: skipped, its files do not match its manifest: {bad}; {DAMAGED}")
     return not bad
+
+
+def require_complete(path: str | Path) -> Path:
+    """``path`` if it is a complete checkpoint; otherwise a :class:`mage.io.CorruptFileError`
+    naming the first damaged file (a checkpoint asked for by name has no stand-in)."""
+    path = Path(path)
+    bad = damaged_files(path)
+    if bad:
+        problem = "missing" if bad[0] == MANIFEST else "does not match the checkpoint's manifest"
+        raise io.CorruptFileError(path / bad[0].split(" ")[0], problem, DAMAGED)
+    return path
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:
