@@ -34,6 +34,24 @@ def die_with_parent() -> None:
         raise SystemExit(128 + signal.SIGTERM)
 
 
+def quiet_tracebacks_of(errors: tuple[type[BaseException], ...]) -> None:
+    """Prefect logs a failed flow or task run with its traceback. For ``errors`` (what the
+    user fixes, not a bug) its line stays and the traceback goes: the command ends with one
+    ``error:`` line instead (``--debug`` keeps everything)."""
+    import logging
+
+    class OneLine(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.exc_info and isinstance(record.exc_info[1], errors):
+                record.exc_info, record.exc_text = None, None
+            return True
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        logger.filters = [f for f in logger.filters if type(f).__name__ != "OneLine"]  # once, however often main runs
+        logger.addFilter(OneLine())
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows import FLOWS, load
 
@@ -75,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from flows.server import PrefectAPIError, prefect_api
 
+    if not args.debug:
+        quiet_tracebacks_of((CorruptFileError, RunLockedError))
     try:
         with prefect_api(settings.flow.api_timeout_seconds, settings.flow.server_start_timeout_seconds):
             load(args.flow)(**kwargs)

@@ -319,3 +319,32 @@ def test_first_starts_sharing_a_prefect_home_wait_for_each_other(tmp_path):
         starter.join(60)
     assert not failures, failures
     assert not _servers_of(os.getpid(), home) and not list(home.glob("temporary-server-*.log"))  # stopped, log gone
+
+
+def test_prefect_s_log_of_a_user_error_keeps_its_line_and_drops_the_traceback():
+    import logging
+
+    import flows.__main__ as cli
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    logger, keep = logging.getLogger("prefect.flow_runs"), Keep()
+    logger.addHandler(keep)
+    try:
+        cli.quiet_tracebacks_of((io.RunLockedError,))
+        cli.quiet_tracebacks_of((io.RunLockedError,))  # main may run more than once in a process
+        for error in (io.RunLockedError("run 'x' is in use by pid 1"), ValueError("a bug")):
+            try:
+                raise error
+            except Exception:
+                logger.error("Encountered exception during execution", exc_info=True)
+    finally:
+        logger.removeHandler(keep)
+        logger.filters.clear()
+    assert [r.exc_info is None for r in seen] == [True, False]  # a bug keeps its traceback
+    assert len([f for f in logging.getLogger("prefect.task_runs").filters if type(f).__name__ == "OneLine"]) == 1
+    logging.getLogger("prefect.task_runs").filters.clear()
