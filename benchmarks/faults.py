@@ -108,7 +108,7 @@ def probe_corruptions(work: Path) -> list[dict]:
     own small run first (final.json and Prefect's cached results hold absolute paths, so a
     copied run would still read the original's files)."""
     flows = [sys.executable, "-m", "flows"]
-    small = [*SMALL, f"model.path={work / 'model'}", "paths.artifacts={artifacts}", "paths.results={artifacts}/../results"]
+    small = [*SMALL, f"model.path={work / 'model'}", "paths.artifacts={artifacts}", "paths.results={root}/results"]
     if not (work / "model" / "config.json").is_file():  # --only corruptions: prepare the shared warm start
         run_command([*flows, "prepare_model", *SMALL, f"model.path={work / 'model'}", *paths(work / "prepare")], REPO,
                     work / "prepare" / "home", check=True)
@@ -119,16 +119,20 @@ def probe_corruptions(work: Path) -> list[dict]:
         root.mkdir(parents=True, exist_ok=True)
 
         def here(parts: list[str]) -> list[str]:
-            return [part.replace("{artifacts}", str(root / "artifacts")) for part in parts]
+            return [part.replace("{artifacts}", str(root / "artifacts")).replace("{root}", str(root)) for part in parts]
         if trained:
             run_command(here([*flows, "train", *small]), REPO, root / "home", check=True)
         target = damage(root)
         result = run_command(here(command), REPO, root / "home")
-        verdict = one_line_error(result, target) if expect == "error" else (
-            result["rc"] == 0 and any("WARNING" in line and (target.name in line or target.parent.name in line)
-                                      for line in result["output"].splitlines()))
-        records.append({"case": name, "file": str(target.relative_to(root)), "expected": expect, "rc": result["rc"],
-                        "traceback": "Traceback" in result["output"], "as_designed": bool(verdict),
+        # As designed: one line naming the file and the remedy, or the file recomputed with a
+        # WARNING naming it (or its checkpoint); `expect` is the outcome the design predicts.
+        warned = result["rc"] == 0 and "Traceback" not in result["output"] and any(
+            "WARNING" in line and (target.name in line or target.parent.name in line)
+            for line in result["output"].splitlines())
+        outcome = "error" if one_line_error(result, target) else "warning" if warned else "neither"
+        records.append({"case": name, "file": str(target.relative_to(root)), "expected": expect, "outcome": outcome,
+                        "rc": result["rc"], "traceback": "Traceback" in result["output"],
+                        "as_designed": outcome != "neither",
                         "seconds": round(result["seconds"], 1), "message": result["last_error"],
                         "warnings": [line for line in result["output"].splitlines() if "WARNING" in line][:5]})
         print(json.dumps(records[-1]), flush=True)
@@ -171,14 +175,14 @@ def probe_corruptions(work: Path) -> list[dict]:
     longer = [*flows, "train", *[s for s in small if not s.startswith("train.iterations")], "train.iterations=5"]
     case("garbage weights, valid manifest (evaluate)", garbage("model.safetensors"),
          [*flows, "evaluate", *small, "--no-report"], "error")
-    case("garbage weights, valid manifest (resume)", garbage("model.safetensors"), longer, "warning")
-    case("garbage optimizer state, valid manifest (resume)", garbage("trainer_state.safetensors"), longer, "warning")
+    case("garbage weights, valid manifest (resume)", garbage("model.safetensors"), longer, "error")
+    case("garbage optimizer state, valid manifest (resume)", garbage("trainer_state.safetensors"), longer, "error")
     case("garbled final.json (evaluate)", garble("final.json"), [*flows, "evaluate", *small, "--no-report"], "warning")
     case("garbled population manifest", garble("population/*.json", [*flows, "seed_population", *small]),
          [*flows, "seed_population", *small], "warning", trained=False)
     for label, text in (("truncated params.yaml", "truncated"), ("empty config file", ""),
                         ("config file that is not YAML", "game: {name: kuhn\n  params: ["), ("missing config file", None)):
-        case(label, config_file(text), [*flows, "train", "--config", "{artifacts}/../params.yaml"], "error", trained=False)
+        case(label, config_file(text), [*flows, "train", "--config", "{root}/params.yaml"], "error", trained=False)
     return records
 
 
@@ -273,9 +277,9 @@ def main() -> None:
                 r["bitwise"], r["computed_twice"], r["orphans"], r["debris"], r["max_seconds_to_die"]] for r in records])
     if "corruptions" in only:
         records = results["corruptions"] = probe_corruptions(work)
-        table("Corruptions", ["case", "file", "expected", "rc", "traceback", "as designed", "message"],
-              [[r["case"], r["file"], r["expected"], r["rc"], r["traceback"], r["as_designed"], r["message"][:90]]
-               for r in records])
+        table("Corruptions", ["case", "file", "outcome (predicted)", "rc", "traceback", "as designed", "message"],
+              [[r["case"], r["file"], f"{r['outcome']} ({r['expected']})", r["rc"], r["traceback"], r["as_designed"],
+                (r["message"] or next(iter(r["warnings"]), ""))[:110]] for r in records])
     if "configs" in only:
         records = results["configs"] = probe_configs()
         bad = [r for r in records if r["started_a_flow"] or not r["one_line"] or not r["names_the_key"] or r["traceback"]]
