@@ -150,7 +150,8 @@ def probe_corruptions(work: Path) -> list[dict]:
     def garble(pattern: str, first: list[str] | None = None):
         def damage(root: Path) -> Path:
             if first:  # write the file first
-                run_command([part.replace("{artifacts}", str(root / "artifacts")) for part in first], REPO,
+                run_command([part.replace("{artifacts}", str(root / "artifacts")).replace("{root}", str(root))
+                             for part in first], REPO,
                             root / "home", check=True)
             target = next((root / "artifacts").rglob(pattern))
             target.write_text("{\n" + target.read_text()[: len(target.read_text()) // 2])
