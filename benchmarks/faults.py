@@ -176,8 +176,8 @@ def probe_corruptions(work: Path) -> list[dict]:
     longer = [*flows, "train", *[s for s in small if not s.startswith("train.iterations")], "train.iterations=5"]
     case("garbage weights, valid manifest (evaluate)", garbage("model.safetensors"),
          [*flows, "evaluate", *small, "--no-report"], "error")
-    case("garbage weights, valid manifest (resume)", garbage("model.safetensors"), longer, "error")
-    case("garbage optimizer state, valid manifest (resume)", garbage("trainer_state.safetensors"), longer, "error")
+    case("garbage weights, valid manifest (resume)", garbage("model.safetensors"), longer, "warning")
+    case("garbage optimizer state, valid manifest (resume)", garbage("trainer_state.safetensors"), longer, "warning")
     case("garbled final.json (evaluate)", garble("final.json"), [*flows, "evaluate", *small, "--no-report"], "warning")
     case("garbled population manifest", garble("population/*.json", [*flows, "seed_population", *small]),
          [*flows, "seed_population", *small], "warning", trained=False)
