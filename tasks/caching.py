@@ -115,7 +115,7 @@ class ArtifactCachePolicy(CachePolicy):
                 return key  # free: the task runs and its result is stored here
             try:
                 result = store.read(key).result
-            except Exception as error:  # unreadable record: treat it as stale
+            except Exception as error:  # noqa: BLE001 (an unreadable record is stale, whatever the cause)
                 _warn_recomputed(task_ctx, f"its cached result {key[:12]} cannot be read ({type(error).__name__})")
                 continue
             changed = [ref.path for ref in references(result) if not ref.is_valid()]

@@ -341,7 +341,7 @@ def test_prefect_s_log_of_a_user_error_keeps_its_line_and_drops_the_traceback():
             try:
                 raise error
             except Exception:
-                logger.error("Encountered exception during execution", exc_info=True)
+                logger.exception("Encountered exception during execution")
     finally:
         logger.removeHandler(keep)
         logger.filters.clear()

@@ -21,7 +21,8 @@ print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in {"prefect", "
 
 
 def test_importing_every_mage_module_loads_neither_prefect_nor_ray():
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     count, loaded = (done.stdout.splitlines() + [""])[:2]
     modules = sorted(p for p in (REPO / "mage").rglob("*.py") if p.name != "__init__.py")
