@@ -27,7 +27,7 @@ def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None =
     configured ``run.name``; what the train flow last wrote, in ``final.json``), else that
     run's latest, else None (the base model)."""
     if checkpoint:
-        return FileRef.of(ckpt.require_complete(checkpoint), "checkpoint")
+        return FileRef.of(checkpoint, "checkpoint")
     paths = RunPaths.of(settings) if run is None else RunPaths(RunPaths.of(settings).root.parent / run)
     final = paths.root / "final.json"
     if final.is_file():
@@ -37,7 +37,7 @@ def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None =
             logger().warning(f"{final}: unreadable ({error}); evaluating the run's latest complete checkpoint instead")
             recorded = None
         if recorded and Path(recorded).is_dir():  # the run's final checkpoint, damaged or not: no stand-in
-            return FileRef.of(ckpt.require_complete(recorded), "checkpoint")
+            return FileRef.of(recorded, "checkpoint")
     latest = ckpt.latest_checkpoint(paths.checkpoints)
     return FileRef.of(latest.path, "checkpoint") if latest else None
 

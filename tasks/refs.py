@@ -69,6 +69,10 @@ class FileRef(BaseModel):
 
     @classmethod
     def of(cls, path: str | Path, kind: Kind = "file") -> FileRef:
+        if kind == "checkpoint" and (Path(path) / ckpt.MANIFEST).is_file():
+            # one pass over its files: a damaged checkpoint is a CorruptFileError naming the file
+            ckpt.require_complete(path)
+            return cls(path=str(path), sha256=ckpt.content_hash(path), kind=kind)
         digest = content_hash(Path(path), kind)
         if digest is None:
             raise FileNotFoundError(f"cannot reference {path}: it does not exist (or is an incomplete {kind})")

@@ -228,3 +228,14 @@ def vllm_engine_shut_down_before_exit():
     yield
     if "mage.backends.vllm" in sys.modules:
         sys.modules["mage.backends.vllm"].shutdown_engine()
+
+
+def process_ended(process) -> bool:
+    """A psutil process is gone, or a zombie that its new parent has not reaped yet (a killed
+    command's children are re-parented; under a PID 1 that does not reap they stay zombies)."""
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -19,6 +19,7 @@ import polars as pl
 import pyspiel
 import pytest
 import yaml
+from conftest import process_ended
 
 REPO = Path(__file__).resolve().parent.parent
 #: A lifecycle small enough for a test: a tiny model with a short warm start, one iteration.
@@ -34,10 +35,14 @@ OVERRIDES = [
 SERVER_ENV: dict[str, str] = {}  # the Prefect server every stage's flow reports to
 
 
-def run(command: list[str], cwd: Path) -> str:
+def stage_env() -> dict[str, str]:
     env = os.environ | SERVER_ENV | {"DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # stages call `python` of this environment
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    return env
+
+
+def run(command: list[str], cwd: Path) -> str:
+    done = subprocess.run(command, cwd=cwd, env=stage_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-6000:]}\n{done.stderr[-6000:]}")
     return done.stdout + done.stderr
@@ -253,17 +258,10 @@ def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     def latest() -> int:
         return int(finished()[-1].removeprefix("ckpt-")) if finished() else 0
 
-    def ended(process: psutil.Process) -> bool:  # gone, or a zombie its new parent has not reaped yet
-        try:
-            return process.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    env = os.environ | SERVER_ENV | {"DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     log = root.parent / "killed-repro.log"
     with open(log, "w") as out:
-        repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=root, env=env, stdout=out, stderr=out)
+        repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=root, env=stage_env(), stdout=out,
+                                 stderr=out)
     deadline = time.monotonic() + 300
     while latest() < 2 and time.monotonic() < deadline:
         assert repro.poll() is None, log.read_text()[-3000:]
@@ -274,9 +272,9 @@ def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     repro.wait(30)
     assert stage, "no stage process was running"
     deadline = time.monotonic() + 60
-    while not all(ended(p) for p in stage) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG ends it
+    while not all(process_ended(p) for p in stage) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG ends it
         time.sleep(0.1)
-    assert all(ended(p) for p in stage), "the stage process outlived dvc"
+    assert all(process_ended(p) for p in stage), "the stage process outlived dvc"
     killed_at = finished()
     time.sleep(2)
     assert finished() == killed_at, "training went on after dvc was killed"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import process_ended
 
 from mage import io
 from mage.config import compose
@@ -240,16 +241,6 @@ def _servers_of(pid: int, home: Path) -> list:
     return found
 
 
-def _ended(process) -> bool:
-    """Gone, or a zombie that its new parent has not reaped yet."""
-    import psutil
-
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
     import os
     import signal
@@ -272,9 +263,9 @@ def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
         os.kill(flow.pid, signal.SIGKILL)  # no handler runs, no atexit
         flow.wait(30)
     deadline = time.monotonic() + 60
-    while not _ended(server) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG: the kernel signals it
+    while not process_ended(server) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG: the kernel signals it
         time.sleep(0.1)
-    if not _ended(server):
+    if not process_ended(server):
         server.kill()
         pytest.fail("the temporary Prefect server outlived its flow")
 
