@@ -339,3 +339,16 @@ def test_prefect_s_log_of_a_user_error_keeps_its_line_and_drops_the_traceback():
     assert [r.exc_info is None for r in seen] == [True, False]  # a bug keeps its traceback
     assert len([f for f in logging.getLogger("prefect.task_runs").filters if type(f).__name__ == "OneLine"]) == 1
     logging.getLogger("prefect.task_runs").filters.clear()
+
+
+def test_the_fault_benchmark_runs_and_every_bad_configuration_is_rejected(tmp_path):
+    # benchmarks/faults.py, the README's fault probe, at its cheapest setting (in-process, no flow)
+    done = subprocess.run([sys.executable, "benchmarks/faults.py", "--only", "configs", "--work", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    header = "| probes | rejected before work | one line | names the key | tracebacks | started a flow |"
+    lines = done.stdout.splitlines()
+    counts = lines[lines.index(header) + 2].strip("| ").split(" | ")
+    probes = int(counts[0])
+    assert probes >= 50 and counts == [str(probes)] * 4 + ["0", "0"], done.stdout
+    assert "not as designed" not in done.stdout
