@@ -71,8 +71,8 @@ def flow_module(stage: dict) -> str:
     from flows import FLOWS
 
     words = stage["cmd"].split()
-    assert words[:3] == ["python", "-m", "flows"], stage["cmd"]
-    return FLOWS[words[3]]
+    assert words[:4] == ["exec", "python", "-m", "flows"], stage["cmd"]  # exec: see the head of dvc.yaml
+    return FLOWS[words[4]]
 
 
 @pytest.mark.parametrize("name", sorted(stages()))
