@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prefect import get_run_logger
@@ -27,11 +28,46 @@ def local_timezone() -> str:
 
 def make_runner(flow_cfg: FlowConfig) -> TaskRunner:
     """The task runner that fans rollout shards out (``flow.runner``)."""
+    if flow_cfg.runner == "ray":
+        from flows.ray_cluster import ray_runner
+
+        return ray_runner(flow_cfg)
     if flow_cfg.runner == "process":
         return ProcessPoolTaskRunner(max_workers=flow_cfg.max_workers)
     if flow_cfg.runner == "sequential":
         return ThreadPoolTaskRunner(max_workers=1)
     return ThreadPoolTaskRunner(max_workers=flow_cfg.max_workers)
+
+
+@contextlib.contextmanager
+def shard_workers(settings: Settings, runner: TaskRunner, shards: int) -> Iterator[TaskRunner]:
+    """Inside a started ``runner``: the runner to submit rollout shards to. On Ray the cluster
+    is checked first, and with long-lived workers the run's actors are held until the block
+    ends; a shard task then only hands its shard to its actor and waits, so it runs on a
+    thread of this process (a Ray task would start a Ray worker process for that wait)."""
+    if settings.flow.runner != "ray":
+        yield runner
+        return
+    from flows.ray_cluster import on_ray
+
+    with on_ray(settings, shards) as actors:
+        if not actors:
+            yield runner
+            return
+        with ThreadPoolTaskRunner(max_workers=len(actors)) as dispatcher:
+            yield dispatcher
+
+
+@contextlib.contextmanager
+def shard_options(flow_cfg: FlowConfig) -> Iterator[None]:
+    """Tasks submitted inside to the Ray runner take a shard's resources (``flow.ray``); other runners ignore this."""
+    if flow_cfg.runner != "ray":
+        yield
+        return
+    from flows.ray_cluster import shard_resources
+
+    with shard_resources(flow_cfg):
+        yield
 
 
 def configured(task: Any, flow_cfg: FlowConfig) -> Any:

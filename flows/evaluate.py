@@ -9,7 +9,16 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import configured, local_timezone, logger, publish_markdown, settings_for
+from flows.common import (
+    configured,
+    local_timezone,
+    logger,
+    make_runner,
+    publish_markdown,
+    settings_for,
+    shard_options,
+    shard_workers,
+)
 from mage import io
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
@@ -46,9 +55,18 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
     """Evaluation tables of ``checkpoint`` against every split, written into ``out_dir``."""
     config, flow_cfg = settings.raw, settings.flow
     model = configured(prepare_model, flow_cfg)(config)
+    evaluate_split = configured(evaluate_checkpoint, flow_cfg)
+    if flow_cfg.runner == "ray":  # one task per split, side by side on the cluster
+        with make_runner(flow_cfg) as runner, shard_workers(settings, runner, 0) as split_runner, \
+                shard_options(flow_cfg):
+            futures = {split: split_runner.submit(evaluate_split, {"config": config, "model": model, "checkpoint": checkpoint,
+                                                             "split": split, "out_dir": str(out_dir)})
+                       for split in splits}
+            results = {split: future.result() for split, future in futures.items()}
+    else:  # in this process, one after the other (a vLLM engine is one per process)
+        results = {split: evaluate_split(config, model, checkpoint, split, str(out_dir)) for split in splits}
     tables = {}
-    for split in splits:
-        result = configured(evaluate_checkpoint, flow_cfg)(config, model, checkpoint, split, str(out_dir))
+    for split, result in results.items():
         tables[split] = result["table"]
         for row in result["final"]:
             logger().info(f"{split} {row['opponent']}: first-episode win rate {row['first_win_rate']:.2f}, final "

@@ -14,7 +14,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import configured, describe_iteration, logger, make_runner, publish_training_table, settings_for
+from flows.common import (configured, describe_iteration, logger, make_runner, publish_training_table, settings_for,
+                          shard_options, shard_workers)
 from mage import io
 from mage.rollout.engine import RolloutStats
 from mage.train.loop import RunPaths, drift_warning, record_metrics, rollout_metrics_of
@@ -40,13 +41,15 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
     log.info(f"run {settings.run_name}: {settings.train.iterations} iterations, {settings.engine.groups} groups x "
              f"{settings.engine.rollout.group_size} meta-episodes, {shards} rollout shard(s) on a {flow_cfg.runner} runner")
     live = live_metrics(settings)
-    with RunPaths.of(settings).writing(), make_runner(flow_cfg) as runner:
+    with (RunPaths.of(settings).writing(), make_runner(flow_cfg) as runner,
+          shard_workers(settings, runner, shards) as shard_runner):
         for iteration in range(1, settings.train.iterations + 1):
-            futures = [
-                runner.submit(rollout, {"config": config, "model": model, "checkpoint": checkpoint,
-                                        "iteration": iteration, "shard": shard, "shards": shards})
-                for shard in range(shards)
-            ]
+            with shard_options(flow_cfg):
+                futures = [
+                    shard_runner.submit(rollout, {"config": config, "model": model, "checkpoint": checkpoint,
+                                                  "iteration": iteration, "shard": shard, "shards": shards})
+                    for shard in range(shards)
+                ]
             played = [future.result() for future in futures]
             table = score(config, [p["table"] for p in played], iteration)
             result = update(config, model, table, checkpoint, iteration)

@@ -228,7 +228,26 @@ class PathsConfig:
     live: str
 
 
-Runner = Literal["thread", "process", "sequential"]
+Runner = Literal["thread", "process", "sequential", "ray"]
+#: "auto", "host:port" (a cluster this machine belongs to) or "ray://host:port" (Ray Client)
+RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5}")
+
+
+@validated_dataclass(frozen=True)
+class RayConfig:
+    """``flow.ray``: where ``flow.runner=ray`` runs the shards, and what each one takes."""
+
+    address: str | None = None  # None: a local Ray on this machine with num_cpus CPUs; else a cluster's address
+    num_cpus: Annotated[int, Field(ge=1, le=4096)] = 2  # the local Ray's CPUs (address None only)
+    shard_cpus: Annotated[float, Field(ge=0, le=4096)] = 1.0  # Ray resources of one rollout or evaluation shard
+    shard_gpus: Annotated[float, Field(ge=0, le=64)] = 0.0  # fractions share a GPU (vllm: gpu_memory_utilization)
+    long_lived_workers: bool = True  # one engine per shard in a Ray actor for the whole run
+    worker_restarts: Annotated[int, Field(ge=0, le=100)] = 2  # a dead worker actor is started again this often
+    connect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # an address that does not answer fails
+
+    def __post_init__(self) -> None:
+        if self.address is not None and not RAY_ADDRESS.fullmatch(self.address):
+            raise ValueError(f"ray.address must be null, 'auto', 'host:port' or 'ray://host:port', got {self.address!r}")
 
 
 @validated_dataclass(frozen=True)
@@ -247,6 +266,7 @@ class FlowConfig:
     api_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
     # without PREFECT_API_URL, the temporary server a command starts must answer within this
     server_start_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    ray: RayConfig = field(default_factory=RayConfig)  # flow.runner=ray only
 
     def __post_init__(self) -> None:
         if len(self.nightly_cron.split()) != 5:

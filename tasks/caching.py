@@ -159,7 +159,24 @@ def is_transient(exception: BaseException | None) -> bool:
     if isinstance(exception, OSError):  # TimeoutError and ConnectionError included
         return True
     name = type(exception).__name__
+    if any(type(e).__module__.startswith("ray.") and type(e).__name__ in RAY_LOST_WORK for e in _causes(exception)):
+        return True  # a worker actor or node died: its shard is played again (the actor has restarted)
     return name == "OutOfMemoryError" or (isinstance(exception, RuntimeError) and "CUDA" in str(exception))
+
+
+#: Ray's errors for work lost with a process or node, not caused by it.
+RAY_LOST_WORK = {"RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError",
+                 "ObjectLostError", "OwnerDiedError", "LocalRayletDiedError"}
+
+
+def _causes(exception: BaseException) -> list[BaseException]:
+    """The exception and what it wraps (Ray re-raises a remote error inside a RayTaskError)."""
+    chain, seen = [], set()
+    while exception is not None and id(exception) not in seen:
+        seen.add(id(exception))
+        chain.append(exception)
+        exception = exception.__cause__ or exception.__context__
+    return chain
 
 
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:

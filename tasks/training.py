@@ -8,7 +8,7 @@ import polars as pl
 from prefect import task
 
 from mage.rollout import read_trajectories, write_trajectories
-from mage.train.loop import RunPaths, iteration_metrics, rollout_iteration, score_iteration
+from mage.train.loop import RunPaths, iteration_metrics, score_iteration
 from tasks import state as memory
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
 from tasks.config import settings_of
@@ -25,11 +25,16 @@ def rollout_shard(
     """Play shard ``shard`` of iteration ``iteration`` with the policy of ``checkpoint``."""
     settings = settings_of(config)
     model.resolve()
-    with memory.LOCK:
-        state = memory.training_state(settings, checkpoint)
-        table, stats = rollout_iteration(settings, state.backend(), iteration, progress=False, shard=shard, shards=shards)
-    path = write_trajectories(table, RunPaths.of(settings).rollout_shard(iteration, shard))
-    return {"table": FileRef.of(path), "stats": stats.__dict__}
+    policy = str(checkpoint.resolve()) if checkpoint else None
+    if settings.flow.runner == "ray":
+        from tasks.ray_workers import play_on_ray
+
+        played = play_on_ray(settings, policy, iteration, shard, shards)
+    else:
+        with memory.LOCK:
+            path, stats = memory.rollout_worker(settings).play_shard(iteration, policy, shard, shards)
+        played = {"path": path, "stats": stats.__dict__}
+    return {"table": FileRef.of(played["path"]), "stats": played["stats"]}
 
 
 @task(name="score-rollout", task_run_name="score-{iteration}",
@@ -54,10 +59,11 @@ def train_iteration(
     with memory.LOCK:
         state = memory.training_state(settings, checkpoint)
         try:
-            update = state.update(scored, iteration)
+            with memory.engine_asleep():
+                update = state.update(scored, iteration)
             metrics = iteration_metrics(iteration, scored, update)
             saved = state.save(iteration, metrics)
         except BaseException:
-            memory.forget()  # the in-memory weights may be half-updated: never reuse them
+            memory.forget_training_state()  # the in-memory weights may be half-updated: never reuse them
             raise
     return {"checkpoint": FileRef.of(saved.path, "checkpoint"), "metrics": metrics}

@@ -32,7 +32,7 @@ def test_the_readme_names_the_two_commands_and_ci_runs_the_test_command():
         ("engine.context_mode=everything", "engine.context_mode: must be 'reflection_only'"),
         ("algo.norm_scope=world", "algo.norm_scope: must be 'group' or 'opponent'"),
         ("+game.params.turn_limt=3", r"game.params: unknown key\(s\) \['turn_limt'\].*turn_limit"),
-        ("flow.runner=dask", "flow.runner: must be 'thread', 'process' or 'sequential'"),
+        ("flow.runner=dask", "flow.runner: must be 'thread', 'process', 'sequential' or 'ray'"),
         ("flow.nightly_cron='at two'", "five-field cron"),
         ("eval.split=everyone", "eval.split: must be 'held_out', 'train' or 'all'"),
         ("population.train.conservative.share=0.5", "shares sum to 1.2"),

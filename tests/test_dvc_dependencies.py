@@ -89,8 +89,8 @@ def test_the_closure_follows_lazy_imports_and_packages():
     # importing tasks.evaluation runs tasks/__init__.py
     found = closure("flows.evaluate")
     assert {"mage/evaluation.py", "tasks/__init__.py", "mage/train/loop.py", "mage/report.py"} <= found
-    # the population stage never reaches the trainer
-    assert "mage/train/trainer.py" not in closure("flows.seed_population")
+    # the population stage never reaches the training tasks
+    assert "tasks/training.py" not in closure("flows.seed_population")
 
 
 def cache_sections() -> dict[str, tuple[str, ...]]:

@@ -1,0 +1,158 @@
+"""``flow.runner=ray``: Prefect's Ray task runner, the checks a cluster must pass, and the
+run's rollout worker actors.
+
+Every node of a cluster needs the same code and lock, the project at the same path (or an
+absolute ``paths.artifacts``) on storage that every node mounts, and a Prefect API it can
+reach. The runner hands its workers what they need (``PREFECT_API_URL``, where Prefect
+keeps task results, the driver's working directory) and checks each node before any work:
+a wrong address or a node that cannot see the shared root fails the flow at once, named.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mage.settings import FlowConfig, Settings
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster cannot run this flow (named setting, node and cause)."""
+
+
+def ray_runner(flow_cfg: FlowConfig) -> Any:
+    """A ``prefect_ray.RayTaskRunner`` on ``flow.ray.address`` (None: a local Ray of ``num_cpus``)."""
+    from prefect.settings import get_current_settings
+    from prefect_ray import RayTaskRunner
+
+    from tasks.ray_workers import NAMESPACE, PROJECT_DIR
+
+    cfg = flow_cfg.ray
+    settings = get_current_settings()
+    env = {PROJECT_DIR: os.getcwd(),
+           # task results (the cache) must be one store for every node: the driver's, resolved
+           "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(settings.results.local_storage_path).expanduser().resolve())}
+    if settings.api.url:
+        env["PREFECT_API_URL"] = str(settings.api.url)
+    init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env}, "log_to_driver": True}
+    if cfg.address is None:
+        # a local Ray of its own (never one that happens to run here), on the loopback interface only
+        init |= {"address": "local", "num_cpus": cfg.num_cpus, "include_dashboard": False,
+                 "_node_ip_address": "127.0.0.1"}
+    else:
+        local_ip = check_address(cfg.address, cfg.connect_timeout_seconds)
+        if local_ip and not cfg.address.startswith("ray://"):
+            # the driver joins as a node: on the interface it reaches the head by (127.0.0.1 for a local test cluster)
+            init["_node_ip_address"] = local_ip
+    return RayTaskRunner(address=cfg.address, init_kwargs=init)
+
+
+def check_address(address: str, timeout: float) -> str | None:
+    """Fail at once, naming the key, when nothing answers at ``address`` (Ray itself retries
+    for minutes). Returns this machine's address on the way there (None for ``auto``)."""
+    if address == "auto":
+        return None
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+            return connection.getsockname()[0]
+    except OSError as error:
+        raise ClusterError(f"flow.ray.address: nothing answers at {host}:{port} within {timeout:g} s ({error}); start "
+                           "the cluster (`ray start --head` on its head node) or set flow.ray.address=null for a "
+                           "local Ray") from error
+
+
+def _inspect_node(marker: str, token: str) -> dict[str, Any]:
+    """Run on one node: can it see the shared root and the driver's code?"""
+    import ray
+
+    from tasks.caching import library_source_hash
+    from tasks.ray_workers import enter_project_dir
+
+    found: dict[str, Any] = {"node": ray.util.get_node_ip_address(), "problems": []}
+    try:
+        enter_project_dir()
+    except RuntimeError as error:
+        found["problems"].append(str(error))
+        return found
+    path = Path(marker)
+    if not path.is_file() or path.read_text() != token:
+        found["problems"].append(f"cannot see {path.parent.parent} (paths.artifacts), the shared root: mount it "
+                                 "at the same path on every node")
+    found["library"] = library_source_hash()
+    return found
+
+
+def check_cluster(settings: Settings) -> int:
+    """Every alive node sees the shared root and runs the driver's code; returns the node count."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from tasks.caching import library_source_hash
+
+    root = Path(settings.paths.artifacts).resolve()
+    marker, token = root / ".cluster-check" / f"{uuid.uuid4().hex}", uuid.uuid4().hex
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(token)
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        inspect = ray.remote(num_cpus=0, max_retries=0)(_inspect_node)
+        found = ray.get([inspect.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                         .remote(str(marker), token) for n in nodes])
+    finally:
+        marker.unlink(missing_ok=True)
+    mine = library_source_hash()
+    problems = [f"node {f['node']}: {p}" for f in found for p in f["problems"]]
+    problems += [f"node {f['node']}: runs other code than this driver (mage differs): install the same commit and "
+                 "lock on every node" for f in found if f.get("library") not in (None, mine)]
+    if problems:
+        raise ClusterError("the Ray cluster cannot run this flow: " + "; ".join(problems))
+    return len(nodes)
+
+
+@contextlib.contextmanager
+def shard_resources(flow_cfg: FlowConfig) -> Iterator[None]:
+    """Ray resources of the shard tasks submitted inside (each builds its engine). Ray never
+    re-runs a Prefect task itself (``max_retries=0``): retries are Prefect's, with its cache
+    and its log."""
+    from prefect_ray.context import remote_options
+
+    with remote_options(num_cpus=flow_cfg.ray.shard_cpus, num_gpus=flow_cfg.ray.shard_gpus, max_retries=0):
+        yield
+
+
+@contextlib.contextmanager
+def rollout_workers(settings: Settings, shards: int) -> Iterator[list[Any]]:
+    """The run's rollout worker actors, one per shard, created once and killed when the flow
+    ends however it ends (a driver that dies takes them with it: they are not detached)."""
+    import ray
+
+    from tasks.ray_workers import NAMESPACE, RolloutActor, actor_name
+
+    cfg = settings.flow.ray
+    actor = ray.remote(RolloutActor)
+    handles = [actor.options(name=actor_name(settings.run_name, shard), namespace=NAMESPACE, num_cpus=cfg.shard_cpus,
+                             num_gpus=cfg.shard_gpus, max_restarts=cfg.worker_restarts, max_task_retries=0)
+               .remote(settings.raw) for shard in range(shards)]
+    try:
+        yield handles
+    finally:
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+
+
+@contextlib.contextmanager
+def on_ray(settings: Settings, shards: int) -> Iterator[list[Any]]:
+    """Inside a flow whose Ray runner has started: check the cluster, then hold the run's
+    rollout workers (none for ``shards`` 0 or without long-lived workers)."""
+    check_cluster(settings)
+    if shards and settings.flow.ray.long_lived_workers:
+        with rollout_workers(settings, shards) as handles:
+            yield handles
+    else:
+        yield []

@@ -1,0 +1,95 @@
+"""The Ray side of ``flow.runner=ray``: the rollout worker actor and how a shard task reaches it.
+
+A Prefect task on the Ray runner is a stateless Ray task. Building a generation engine in
+it would load the model every iteration, so with ``flow.ray.long_lived_workers`` each
+shard's :class:`~mage.train.rollout_worker.RolloutWorker` lives in a Ray actor that the
+train flow creates once per run (``flows/ray_cluster.py``) and kills when it ends. The
+shard task finds its actor by name and asks it to play: the actor loads the iteration's
+checkpoint by path from the shared storage and writes the shard's table there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from mage.settings import Settings
+from mage.train.rollout_worker import RolloutWorker
+
+NAMESPACE = "mage"
+#: Set by the runner for every Ray worker: the driver's working directory, where the
+#: config's relative paths (``paths.artifacts``) start.
+PROJECT_DIR = "MAGE_PROJECT_DIR"
+
+
+def enter_project_dir() -> None:
+    """Run in the driver's working directory, so relative paths mean what they mean there."""
+    wanted = os.environ.get(PROJECT_DIR)
+    if not wanted or os.getcwd() == wanted:
+        return
+    if not Path(wanted).is_dir():
+        raise RuntimeError(f"this Ray node ({ray.util.get_node_ip_address()}) has no {wanted}, the driver's "
+                           "working directory: every node needs the project at the same path (README, 'Scaling out')")
+    os.chdir(wanted)
+
+
+def actor_name(run_name: str, shard: int) -> str:
+    """One actor per shard of a run and driver (the job id keeps two drivers apart)."""
+    return f"rollout-{run_name}-shard-{shard}-job-{ray.get_runtime_context().get_job_id()}"
+
+
+def play_shard(worker: RolloutWorker, checkpoint: str | None, iteration: int, shard: int, shards: int) -> dict[str, Any]:
+    path, stats = worker.play_shard(iteration, checkpoint, shard, shards)
+    return {"path": str(path), "stats": stats.__dict__}
+
+
+class RolloutActor:
+    """A Ray actor holding one shard's rollout worker for a whole run."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        enter_project_dir()
+        self.settings = Settings.from_config(config)
+        self.worker = RolloutWorker(self.settings)
+
+    def play(self, checkpoint: str | None, iteration: int, shard: int, shards: int) -> dict[str, Any]:
+        return play_shard(self.worker, checkpoint, iteration, shard, shards)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+#: How long a retried shard waits for its worker actor to start again (a model load; minutes for a large vLLM engine)
+RESTART_WAIT_SECONDS = 900.0
+
+
+def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> None:
+    """Return once ``actor`` answers. A worker that died is started again by Ray (up to
+    ``flow.ray.worker_restarts``), and calls fail while it restarts: the retried shard waits.
+    One that can no longer start raises at once (``ActorDiedError``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ray.get(actor.pid.remote())
+            return
+        except ray.exceptions.ActorUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shard: int, shards: int) -> dict[str, Any]:
+    """Play a shard from a Prefect task on the Ray runner: through the run's actor for this
+    shard, or (``long_lived_workers: false``) with a worker built for this task alone."""
+    if settings.flow.ray.long_lived_workers:
+        actor = ray.get_actor(actor_name(settings.run_name, shard), namespace=NAMESPACE)
+        wait_until_started(actor)
+        return ray.get(actor.play.remote(checkpoint, iteration, shard, shards))
+    worker = RolloutWorker(settings)
+    try:
+        return play_shard(worker, checkpoint, iteration, shard, shards)
+    finally:
+        worker.close()
