@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from prefect_ray import RayTaskRunner
+
 from mage.settings import FlowConfig, Settings
 
 
@@ -28,7 +30,6 @@ class ClusterError(RuntimeError):
 def ray_runner(flow_cfg: FlowConfig) -> Any:
     """A ``prefect_ray.RayTaskRunner`` on ``flow.ray.address`` (None: a local Ray of ``num_cpus``)."""
     from prefect.settings import get_current_settings
-    from prefect_ray import RayTaskRunner
 
     from tasks.ray_workers import NAMESPACE, PROJECT_DIR
 
@@ -44,12 +45,39 @@ def ray_runner(flow_cfg: FlowConfig) -> Any:
         # a local Ray of its own (never one that happens to run here), on the loopback interface only
         init |= {"address": "local", "num_cpus": cfg.num_cpus, "include_dashboard": False,
                  "_node_ip_address": "127.0.0.1"}
-    else:
-        local_ip = check_address(cfg.address, cfg.connect_timeout_seconds)
-        if local_ip and not cfg.address.startswith("ray://"):
-            # the driver joins as a node: on the interface it reaches the head by (127.0.0.1 for a local test cluster)
-            init["_node_ip_address"] = local_ip
+        return LoopbackRayTaskRunner(address=None, init_kwargs=init)
+    local_ip = check_address(cfg.address, cfg.connect_timeout_seconds)
+    if local_ip and not cfg.address.startswith("ray://"):
+        # the driver joins as a node: on the interface it reaches the head by (127.0.0.1 for a local test cluster)
+        init["_node_ip_address"] = local_ip
     return RayTaskRunner(address=cfg.address, init_kwargs=init)
+
+
+class LoopbackRayTaskRunner(RayTaskRunner):
+    """The Ray task runner with a local Ray that listens on 127.0.0.1 only. Ray binds its
+    servers to every interface unless told that it is no cluster across machines
+    (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray and by the processes it starts)."""
+
+    def __enter__(self) -> Any:
+        from ray._private import ray_constants
+
+        self._saved = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
+        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
+        return super().__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        from ray._private import ray_constants
+
+        try:
+            super().__exit__(*exc_info)
+        finally:
+            variable, flag = self._saved
+            if variable is None:
+                os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+            else:
+                os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = variable
+            ray_constants.ENABLE_RAY_CLUSTER = flag
 
 
 def check_address(address: str, timeout: float) -> str | None:

@@ -59,6 +59,19 @@ def on(address: str) -> list[str]:
     return ["flow.runner=ray", f"flow.ray.address={address}", "flow.rollout_shards=2"]
 
 
+def test_a_local_ray_listens_on_the_loopback_interface_only():
+    """First in this module: before the test cluster sets the same switch for its own nodes."""
+    from flows.ray_cluster import ray_runner
+
+    loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+    with ray_runner(load_settings(["flow.runner=ray", "flow.ray.num_cpus=1"]).flow):
+        children = psutil.Process().children(recursive=True)
+        listening = {(p.name(), c.laddr.ip) for p in children for c in p.net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN}
+    assert listening, "no Ray process was listening"
+    assert {ip for _, ip in listening} <= loopback, sorted(listening)
+
+
 def tables(settings) -> pl.DataFrame:
     """Every iteration's scored table, in a stable order."""
     paths = sorted(RunPaths.of(settings).rollouts.glob("iteration-*.parquet"))
@@ -172,3 +185,4 @@ def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, 
     assert "Creating a local Ray instance" in done.stderr + done.stdout
     assert_same_weights(final_weights(load_settings(config)), on_one_machine["weights"])
     assert_same_tables(tables(load_settings(config)), on_one_machine["tables"])
+
