@@ -6,10 +6,10 @@ path, and the worker loads it only when it differs from the one it holds: a LoRA
 or full weights into its own copy of the model (``hf``), or into its engine (``vllm``). The
 engine is built once, so a run pays a model load per worker, not per iteration.
 
-The library's loop keeps one worker for a run. The flows keep one per process (thread,
-process and sequential runners) or one per shard in a Ray actor (``flows/ray_cluster.py``).
-Whichever holds it, a worker given the same checkpoint, iteration and shard plays the same
-table.
+The flows keep one per process (thread, process and sequential runners) or one per shard in
+a Ray actor (``flows/ray_cluster.py``); the library's own loop (``mage.train.loop.train``)
+still samples from the trainer's policy in memory. Whichever holds it, a worker given the
+same checkpoint, iteration and shard plays the same table.
 """
 
 from __future__ import annotations
