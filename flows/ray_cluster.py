@@ -64,20 +64,27 @@ class LoopbackRayTaskRunner(RayTaskRunner):
         self._saved = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
         os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
-        return super().__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._restore()
+            raise
 
     def __exit__(self, *exc_info: object) -> None:
-        from ray._private import ray_constants
-
         try:
             super().__exit__(*exc_info)
         finally:
-            variable, flag = self._saved
-            if variable is None:
-                os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
-            else:
-                os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = variable
-            ray_constants.ENABLE_RAY_CLUSTER = flag
+            self._restore()
+
+    def _restore(self) -> None:
+        from ray._private import ray_constants
+
+        variable, flag = self._saved
+        if variable is None:
+            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
+        else:
+            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = variable
+        ray_constants.ENABLE_RAY_CLUSTER = flag
 
 
 def check_address(address: str, timeout: float) -> str | None:
@@ -143,6 +150,19 @@ def check_cluster(settings: Settings) -> int:
     return len(nodes)
 
 
+def check_room(cfg: Any, shards: int) -> None:
+    """The cluster holds every long-lived worker at once: one that does not fit would never
+    start, and its shard would wait for ever."""
+    import ray
+
+    total = ray.cluster_resources()
+    for resource, per_shard, key in (("CPU", cfg.shard_cpus, "shard_cpus"), ("GPU", cfg.shard_gpus, "shard_gpus")):
+        if shards * per_shard > total.get(resource, 0) + 1e-9:
+            raise ClusterError(f"flow.rollout_shards: {shards} rollout workers of {per_shard:g} {resource} each "
+                               f"(flow.ray.{key}) need {shards * per_shard:g}, the Ray cluster has "
+                               f"{total.get(resource, 0):g}; lower them or add nodes")
+
+
 @contextlib.contextmanager
 def shard_resources(flow_cfg: FlowConfig) -> Iterator[None]:
     """Ray resources of the shard tasks submitted inside (each builds its engine). Ray never
@@ -164,10 +184,12 @@ def rollout_workers(settings: Settings, shards: int) -> Iterator[list[Any]]:
 
     cfg = settings.flow.ray
     actor = ray.remote(RolloutActor)
-    handles = [actor.options(name=actor_name(settings.run_name, shard), namespace=NAMESPACE, num_cpus=cfg.shard_cpus,
-                             num_gpus=cfg.shard_gpus, max_restarts=cfg.worker_restarts, max_task_retries=0)
-               .remote(settings.raw) for shard in range(shards)]
+    handles: list[Any] = []
     try:
+        for shard in range(shards):
+            handles.append(actor.options(name=actor_name(settings.run_name, shard), namespace=NAMESPACE,
+                                         num_cpus=cfg.shard_cpus, num_gpus=cfg.shard_gpus,
+                                         max_restarts=cfg.worker_restarts, max_task_retries=0).remote(settings.raw))
         yield handles
     finally:
         for handle in handles:
@@ -180,6 +202,7 @@ def on_ray(settings: Settings, shards: int) -> Iterator[list[Any]]:
     rollout workers (none for ``shards`` 0 or without long-lived workers)."""
     check_cluster(settings)
     if shards and settings.flow.ray.long_lived_workers:
+        check_room(settings.flow.ray, shards)
         with rollout_workers(settings, shards) as handles:
             yield handles
     else:

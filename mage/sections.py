@@ -246,6 +246,8 @@ class RayConfig:
     connect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # an address that does not answer fails
 
     def __post_init__(self) -> None:
+        if self.shard_gpus > 1 and self.shard_gpus != int(self.shard_gpus):
+            raise ValueError(f"ray.shard_gpus must be at most 1 or a whole number (Ray's rule), got {self.shard_gpus:g}")
         if self.address is not None and not RAY_ADDRESS.fullmatch(self.address):
             raise ValueError(f"ray.address must be null, 'auto', 'host:port' or 'ray://host:port', got {self.address!r}")
 

@@ -73,8 +73,10 @@ def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> Non
     deadline = time.monotonic() + timeout
     while True:
         try:
-            ray.get(actor.pid.remote())
+            ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
             return
+        except ray.exceptions.GetTimeoutError as error:
+            raise TimeoutError(f"the rollout worker actor did not start within {timeout:g} s") from error
         except ray.exceptions.ActorUnavailableError:
             if time.monotonic() > deadline:
                 raise

@@ -104,7 +104,7 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "flow.ray.address": st.sampled_from(["nowhere", "http://h:1", "h:", ":6379", "h:123456", "ray://h", "a b:1"]),
     "flow.ray.num_cpus": below(1),
     "flow.ray.shard_cpus": outside(0, 4096),
-    "flow.ray.shard_gpus": outside(0, 64),
+    "flow.ray.shard_gpus": outside(0, 64) | st.floats(1.01, 63.99).filter(lambda g: g != int(g)),  # Ray: <= 1 or whole
     "flow.ray.worker_restarts": below(0),
     "flow.ray.connect_timeout_seconds": outside(0, 3600, low_open=True),
     "flow.max_workers": below(1),

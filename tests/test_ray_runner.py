@@ -159,6 +159,14 @@ def test_evaluate_on_ray_gives_the_same_report(ray_cluster, tiny_model_dir, tmp_
         assert_same_tables(*(pl.read_parquet(tmp_path / name / f"{split}.parquet") for name in ("ray", "thread")))
 
 
+def test_more_workers_than_the_cluster_holds_fail_at_once_naming_the_key(ray_cluster, tiny_model_dir, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"^flow\.rollout_shards: 3 rollout workers of 1 CPU each .* has 2"):
+        train(overrides(tiny_model_dir, tmp_path, "flow.runner=ray", f"flow.ray.address={ray_cluster}",
+                        "flow.rollout_shards=3"))
+    assert time.monotonic() - started < 60
+
+
 def test_a_wrong_address_fails_at_once_naming_the_key(tiny_model_dir, tmp_path):
     from conftest import free_port
 
