@@ -40,7 +40,9 @@ def ray_runner(flow_cfg: FlowConfig) -> Any:
            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(settings.results.local_storage_path).expanduser().resolve())}
     if settings.api.url:
         env["PREFECT_API_URL"] = str(settings.api.url)
-    init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": {"env_vars": env}, "log_to_driver": True}
+    # every worker process starts in the driver's working directory (tasks/ray_workers.py)
+    runtime_env = {"env_vars": env, "worker_process_setup_hook": "tasks.ray_workers.enter_project_dir"}
+    init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "log_to_driver": True}
     if cfg.address is None:
         # a local Ray of its own (never one that happens to run here), on the loopback interface only
         init |= {"address": "local", "num_cpus": cfg.num_cpus, "include_dashboard": False,
@@ -53,38 +55,41 @@ def ray_runner(flow_cfg: FlowConfig) -> Any:
     return RayTaskRunner(address=cfg.address, init_kwargs=init)
 
 
-class LoopbackRayTaskRunner(RayTaskRunner):
-    """The Ray task runner with a local Ray that listens on 127.0.0.1 only. Ray binds its
-    servers to every interface unless told that it is no cluster across machines
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """Inside: a Ray started here listens on 127.0.0.1 only. Ray binds its servers to every
+    interface unless told that it is no cluster across machines
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray and by the processes it starts)."""
+    from ray._private import ray_constants
 
-    def __enter__(self) -> Any:
-        from ray._private import ray_constants
-
-        self._saved = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
-        os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
-        ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
-        try:
-            return super().__enter__()
-        except BaseException:
-            self._restore()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        try:
-            super().__exit__(*exc_info)
-        finally:
-            self._restore()
-
-    def _restore(self) -> None:
-        from ray._private import ray_constants
-
-        variable, flag = self._saved
+    variable, flag = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
+    try:
+        yield
+    finally:
         if variable is None:
             os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
         else:
             os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = variable
         ray_constants.ENABLE_RAY_CLUSTER = flag
+
+
+class LoopbackRayTaskRunner(RayTaskRunner):
+    """The Ray task runner with a local Ray that listens on 127.0.0.1 only (:func:`loopback_only`)."""
+
+    def __enter__(self) -> Any:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(loopback_only())
+            entered = super().__enter__()
+            self._loopback = stack.pop_all()
+        return entered
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            super().__exit__(*exc_info)
+        finally:
+            self._loopback.close()
 
 
 def check_address(address: str, timeout: float) -> str | None:
@@ -107,13 +112,11 @@ def _inspect_node(marker: str, token: str) -> dict[str, Any]:
     import ray
 
     from tasks.caching import library_source_hash
-    from tasks.ray_workers import enter_project_dir
+    from tasks.ray_workers import project_dir_problem
 
     found: dict[str, Any] = {"node": ray.util.get_node_ip_address(), "problems": []}
-    try:
-        enter_project_dir()
-    except RuntimeError as error:
-        found["problems"].append(str(error))
+    if problem := project_dir_problem():
+        found["problems"].append(problem)
         return found
     path = Path(marker)
     if not path.is_file() or path.read_text() != token:

@@ -14,7 +14,6 @@ from mage.rollout.metrics import final_episode_metrics, rollout_metrics
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
-from tasks.config import settings_of
 from tasks.refs import FileRef
 
 
@@ -35,7 +34,7 @@ def evaluate_checkpoint(
     from mage.evaluation import evaluate
     from mage.train.loop import rollout_backend
 
-    settings = settings_of(config)
+    settings = Settings.from_config(config)
     model.resolve()
     loaded = None
     if checkpoint is not None:
@@ -80,7 +79,7 @@ def write_report(
     from mage.report import build_report, headline_metrics
     from mage.report import write_report as write
 
-    settings = settings_of(config)
+    settings = Settings.from_config(config)
     about = {
         "checkpoint": checkpoint.path if checkpoint is not None else f"the starting policy {start_policy(settings)}",
         "checkpoint_sha256": checkpoint.sha256 if checkpoint is not None else None,

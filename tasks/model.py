@@ -8,8 +8,8 @@ from prefect import task
 
 from mage.models.build import MODEL_BUILD_SECTIONS
 from mage.models.policy import ensure_model
+from mage.settings import Settings
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
-from tasks.config import settings_of
 from tasks.refs import FileRef
 
 
@@ -17,4 +17,4 @@ from tasks.refs import FileRef
       **TASK_DEFAULTS)
 def prepare_model(config: dict[str, Any]) -> FileRef:
     """Build the tiny preset, or fetch a hub model into the local cache; reference its directory."""
-    return FileRef.of(ensure_model(settings_of(config), progress=False), "directory")
+    return FileRef.of(ensure_model(Settings.from_config(config), progress=False), "directory")

@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from mage.rollout import RolloutStats
 from mage.settings import Settings
 from mage.train.rollout_worker import RolloutWorker
 
@@ -27,14 +28,21 @@ PROJECT_DIR = "MAGE_PROJECT_DIR"
 
 
 def enter_project_dir() -> None:
-    """Run in the driver's working directory, so relative paths mean what they mean there."""
+    """Ray's ``worker_process_setup_hook`` (the runner sets it): every Ray worker process
+    starts in the driver's working directory, so the config's relative paths mean the same
+    files. A node without that directory stays where it is, and the cluster check names it."""
     wanted = os.environ.get(PROJECT_DIR)
-    if not wanted or os.getcwd() == wanted:
-        return
-    if not Path(wanted).is_dir():
-        raise RuntimeError(f"this Ray node ({ray.util.get_node_ip_address()}) has no {wanted}, the driver's "
-                           "working directory: every node needs the project at the same path (README, 'Scaling out')")
-    os.chdir(wanted)
+    if wanted and Path(wanted).is_dir():
+        os.chdir(wanted)
+
+
+def project_dir_problem() -> str | None:
+    """Why this worker is not in the driver's working directory (None: it is)."""
+    wanted = os.environ.get(PROJECT_DIR)
+    if not wanted or (Path(wanted).is_dir() and Path.cwd().samefile(wanted)):
+        return None
+    return (f"has no {wanted}, the driver's working directory: every node needs the project at the same path "
+            "(README, 'Scaling out')")
 
 
 def actor_name(run_name: str, shard: int) -> str:
@@ -42,21 +50,14 @@ def actor_name(run_name: str, shard: int) -> str:
     return f"rollout-{run_name}-shard-{shard}-job-{ray.get_runtime_context().get_job_id()}"
 
 
-def play_shard(worker: RolloutWorker, checkpoint: str | None, iteration: int, shard: int, shards: int) -> dict[str, Any]:
-    path, stats = worker.play_shard(iteration, checkpoint, shard, shards)
-    return {"path": str(path), "stats": stats.__dict__}
-
-
 class RolloutActor:
     """A Ray actor holding one shard's rollout worker for a whole run."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        enter_project_dir()
-        self.settings = Settings.from_config(config)
-        self.worker = RolloutWorker(self.settings)
+        self.worker = RolloutWorker(Settings.from_config(config))
 
-    def play(self, checkpoint: str | None, iteration: int, shard: int, shards: int) -> dict[str, Any]:
-        return play_shard(self.worker, checkpoint, iteration, shard, shards)
+    def play(self, checkpoint: str | None, iteration: int, shard: int, shards: int) -> tuple[Path, RolloutStats]:
+        return self.worker.play_shard(iteration, checkpoint, shard, shards)
 
     def pid(self) -> int:
         return os.getpid()
@@ -83,7 +84,9 @@ def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> Non
             time.sleep(0.5)
 
 
-def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shard: int, shards: int) -> dict[str, Any]:
+def play_on_ray(
+    settings: Settings, checkpoint: str | None, iteration: int, shard: int, shards: int
+) -> tuple[Path, RolloutStats]:
     """Play a shard from a Prefect task on the Ray runner: through the run's actor for this
     shard, or (``long_lived_workers: false``) with a worker built for this task alone."""
     if settings.flow.ray.long_lived_workers:
@@ -92,6 +95,6 @@ def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shar
         return ray.get(actor.play.remote(checkpoint, iteration, shard, shards))
     worker = RolloutWorker(settings)
     try:
-        return play_shard(worker, checkpoint, iteration, shard, shards)
+        return worker.play_shard(iteration, checkpoint, shard, shards)
     finally:
         worker.close()

@@ -8,10 +8,10 @@ import polars as pl
 from prefect import task
 
 from mage.rollout import read_trajectories, write_trajectories
+from mage.settings import Settings
 from mage.train.loop import RunPaths, iteration_metrics, score_iteration
 from tasks import state as memory
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
-from tasks.config import settings_of
 from tasks.refs import FileRef
 
 RUN = ("run", "paths.runs", "seed")
@@ -23,25 +23,24 @@ def rollout_shard(
     config: dict[str, Any], model: FileRef, checkpoint: FileRef | None, iteration: int, shard: int = 0, shards: int = 1
 ) -> dict[str, Any]:
     """Play shard ``shard`` of iteration ``iteration`` with the policy of ``checkpoint``."""
-    settings = settings_of(config)
+    settings = Settings.from_config(config)
     model.resolve()
     policy = str(checkpoint.resolve()) if checkpoint else None
     if settings.flow.runner == "ray":
         from tasks.ray_workers import play_on_ray
 
-        played = play_on_ray(settings, policy, iteration, shard, shards)
+        path, stats = play_on_ray(settings, policy, iteration, shard, shards)
     else:
         with memory.LOCK:
             path, stats = memory.rollout_worker(settings).play_shard(iteration, policy, shard, shards)
-        played = {"path": path, "stats": stats.__dict__}
-    return {"table": FileRef.of(played["path"]), "stats": played["stats"]}
+    return {"table": FileRef.of(path), "stats": stats.__dict__}
 
 
 @task(name="score-rollout", task_run_name="score-{iteration}",
       cache_policy=ArtifactCachePolicy(sections=("algo", "engine.sampling", *RUN)), **TASK_DEFAULTS)
 def score_rollout(config: dict[str, Any], shards: list[FileRef], iteration: int) -> FileRef:
     """Concatenate an iteration's shards and add returns and advantages."""
-    settings = settings_of(config)
+    settings = Settings.from_config(config)
     table = pl.concat([read_trajectories(ref.resolve()) for ref in shards])
     scored = score_iteration(settings, table)
     return FileRef.of(write_trajectories(scored, RunPaths.of(settings).rollout(iteration)))
@@ -53,7 +52,7 @@ def train_iteration(
     config: dict[str, Any], model: FileRef, table: FileRef, checkpoint: FileRef | None, iteration: int
 ) -> dict[str, Any]:
     """One PPO update from ``checkpoint`` on ``table``; checkpoint the result."""
-    settings = settings_of(config)
+    settings = Settings.from_config(config)
     model.resolve()
     scored = read_trajectories(table.resolve())
     with memory.LOCK:

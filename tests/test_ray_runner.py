@@ -26,26 +26,21 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """Two nodes on the loopback interface. Ray turns 127.0.0.1 into this machine's network
-    address unless told that this is no cluster across machines (its switch for laptops)."""
-    from ray._private import ray_constants
+    """Two nodes on the loopback interface (Ray's switch for a machine that is no cluster:
+    without it Ray turns 127.0.0.1 into this machine's network address)."""
     from ray.cluster_utils import Cluster
 
-    saved = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    from flows.ray_cluster import loopback_only
+
     node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args=node)
-    try:
-        cluster.add_node(**node)
-        cluster.wait_for_nodes()
-        yield cluster.address
-    finally:
-        cluster.shutdown()
-        if saved[0] is None:
-            os.environ.pop(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR, None)
-        else:
-            os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = saved[0]
-        ray_constants.ENABLE_RAY_CLUSTER = saved[1]
+    with loopback_only():
+        cluster = Cluster(initialize_head=True, head_node_args=node)
+        try:
+            cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            yield cluster.address
+        finally:
+            cluster.shutdown()
 
 
 @pytest.fixture(autouse=True)
