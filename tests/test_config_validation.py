@@ -76,6 +76,8 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "model.tiny.bc_learning_rate": outside(0, 1, low_open=True),
     "algo.objective": words({"differential", "cumulative", "single_episode"}),
     "algo.norm": words({"mean_norm", "mean_std_norm"}),
+    "algo.grouping": words({"stationary", "mixed"}),
+    "algo.anchor": words({"global", "local"}),
     "algo.gamma_step": outside(0, 1),
     "algo.gamma_traj": outside(0, 1),
     "algo.clip_ratio": outside(0, 1, low_open=True),

@@ -104,6 +104,17 @@ def test_local_anchor_and_step_weight():
     assert column(t, "advantage")[0] == pytest.approx(-8.8 + 0.5 * (-2.25 - first))
 
 
+def test_mixed_grouping_pools_the_opponents_of_a_state_by_hand():
+    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, grouping="mixed")
+    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    # A and B share seed and seat: one group. s = -6, -5, 10, 10, 5, -10, -1, 0 (mean 3/8)
+    assert column(t, "advantage_episode") == pytest.approx([s - 3 / 8 for s in [-6, -5, 10, 10, 5, -10, -1, 0]])
+    # play anchor "s0" across both opponents: G = -2.25, -2.5, 10, 5, -10, 0 (mean 1/24);
+    # the two reflections now share the group's reflection anchor: G = 10, -1 (mean 4.5)
+    m = 1 / 24
+    assert column(t, "advantage_step") == pytest.approx([-2.25 - m, -2.5 - m, 5.5, 10 - m, 5 - m, -10 - m, -5.5, -m])
+
+
 def test_mean_std_norm_and_per_opponent_scope():
     # A second group against opponent A (seed 2): with scope "opponent" both A groups share
     # one mean and std, with scope "group" each has its own.

@@ -112,6 +112,38 @@ def test_invalid_replies_use_up_turns_until_the_limit():
     assert play.group_by("episode").agg(pl.col("turn").max())["turn"].to_list() == [6, 6, 6]
 
 
+def test_mixed_groups_share_state_and_seat_but_not_the_opponent():
+    entries = [e for e in population_entries(KUHN) if e.split == "train"]
+    specs = plan_meta_episodes(entries, num_groups=10, group_size=4, seed=3, seat_split=0.5, mixed=True)
+    assert len(specs) == 40 and [s.meta_id for s in specs] == list(range(40))
+    groups = {}
+    for s in specs:
+        groups.setdefault(s.group_id, []).append(s)
+    assert all(len({(s.seed, s.seat) for s in members}) == 1 for members in groups.values())
+    assert sum(len({s.entry.id for s in members}) > 1 for members in groups.values()) >= 5
+    # the shares deal the 40 meta-episodes: 12, 12 and 16 (0.3/0.3/0.4), half seated second
+    dealt = {e.id: sum(s.entry.id == e.id for s in specs) for e in entries}
+    assert dealt == {"conservative": 12, "aggressive": 12, "intermediate": 16}
+    assert sum(s.seat for s in specs) == 20
+    # the initial states and seats are those of the stationary plan: only the opponents move
+    stationary = plan_meta_episodes(entries, num_groups=10, group_size=4, seed=3, seat_split=0.5)
+    assert [(s.seed, s.seat) for s in specs] == [(s.seed, s.seat) for s in stationary]
+
+
+def test_the_training_plan_mixes_groups_when_algo_grouping_says_so():
+    from mage.settings import load_settings
+    from mage.train.loop import plan_iteration
+
+    def opponents_per_group(overrides):
+        groups = {}
+        for s in plan_iteration(load_settings(overrides), 0):
+            groups.setdefault(s.group_id, set()).add(s.entry.id)
+        return [len(v) for v in groups.values()]
+
+    assert set(opponents_per_group([])) == {1}
+    assert max(opponents_per_group(["algo.grouping=mixed"])) > 1
+
+
 def test_groups_seats_and_batched_calls():
     entries = [e for e in population_entries(KUHN) if e.split == "train"]
     specs = plan_meta_episodes(entries, num_groups=10, group_size=4, seed=3, seat_split=0.5)

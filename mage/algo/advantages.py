@@ -16,6 +16,10 @@ one run and iteration: groups never mix opponents.
 
 Penalties reach both terms: through s_i and through the rewards inside G_i.
 
+``grouping: mixed`` is the paper's ablation of stationary grouping: the rollouts deal a
+group's meta-episodes to different opponents (``mage.rollout.plan_meta_episodes``), and a
+group and its anchors are keyed by the initial state and seat alone.
+
 ``norm_scope: opponent`` is the paper's agent-specific normalisation A^(m): the episode
 term's mean and std are taken over every call against opponent m in the batch instead of
 over the group (the step term's anchors already include the opponent).
@@ -55,7 +59,8 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
     if missing:
         raise ValueError(f"add_advantages needs add_returns's columns first; missing {missing}")
     table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
-    scope = GROUP if cfg.norm_scope == "group" else [*RUN, "opponent"]
+    group = GROUP if cfg.grouping == "stationary" else [c for c in GROUP if c != "opponent"]
+    scope = group if cfg.norm_scope == "group" else [*RUN, "opponent"]
     if cfg.estimator == "grpo":
         # Statistics over meta-episodes (trajectories), not over their calls.
         per_meta = (
@@ -71,7 +76,7 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
         )
 
     anchor = pl.when(pl.col("phase") == "play").then(pl.col("observation")).otherwise(pl.lit("<reflection>"))
-    anchor_key = [*GROUP, "_anchor"] + (["episode"] if cfg.anchor == "local" else [])
+    anchor_key = [*group, "_anchor"] + (["episode"] if cfg.anchor == "local" else [])
     return (
         table.with_columns((pl.col("meta_reward") + pl.col("penalty")).alias("episode_score"), anchor.alias("_anchor"))
         .with_columns(

@@ -12,7 +12,10 @@ Estimator = Literal["gigpo", "grpo"]
 Anchor = Literal["global", "local"]
 Norm = Literal["mean_norm", "mean_std_norm"]
 NormScope = Literal["group", "opponent"]
-OBJECTIVES, ESTIMATORS, ANCHORS, NORMS, SCOPES = (get_args(t) for t in (Objective, Estimator, Anchor, Norm, NormScope))
+Grouping = Literal["stationary", "mixed"]
+OBJECTIVES, ESTIMATORS, ANCHORS, NORMS, SCOPES, GROUPINGS = (
+    get_args(t) for t in (Objective, Estimator, Anchor, Norm, NormScope, Grouping)
+)
 
 Discount = Annotated[float, Field(ge=0, le=1)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -34,6 +37,9 @@ class AlgoConfig:
     anchor: Anchor = "global"  # episode index part of the step anchor (local) or not (global)
     norm: Norm = "mean_norm"
     norm_scope: NormScope = "group"  # group: per (seed, seat, opponent); opponent: per opponent over the batch
+    # stationary: a group's meta-episodes face one opponent; mixed: the paper's ablation, a group's
+    # members face opponents drawn across the population (same initial state and seat)
+    grouping: Grouping = "stationary"
     step_weight: NonNegative = 1.0  # w in A = A_ep + w * A_step
     epsilon: Annotated[float, Field(gt=0, le=1)] = 1e-6
     # PPO (MAGE-SPEC section 5)

@@ -5,10 +5,10 @@ with a reflection between episodes (MAGE-SPEC section 2)::
 
     play(1) -> reflect -> play(2) -> reflect -> ... -> play(N)
 
-Groups of ``group_size`` meta-episodes share an initial-state seed, a seat and an
-opponent (the GiGPO groups of ``mage.algo``). At every step the engine asks each live
-meta-episode for its next call and sends all of them to the backend in one batch; a
-meta-episode that has finished stops asking. ``concurrency`` bounds how many meta-
+Groups of ``group_size`` meta-episodes share an initial-state seed, a seat and (unless
+planned ``mixed``, an ablation) an opponent: the GiGPO groups of ``mage.algo``. At every
+step the engine asks each live meta-episode for its next call and sends all of them to the
+backend in one batch; a meta-episode that has finished stops asking. ``concurrency`` bounds how many meta-
 episodes run together (1 gives the sequential baseline of the throughput benchmark).
 
 Rules applied here: the turn limit counts the agent's calls in an episode; an invalid
@@ -92,10 +92,14 @@ def plan_meta_episodes(
     seed: int,
     seat_split: float = 0.5,
     num_seats: int = 2,
+    mixed: bool = False,
 ) -> list[MetaEpisodeSpec]:
     """Assign ``num_groups`` groups to entries by their shares, seats by ``seat_split``.
 
-    Entries with no share (held-out opponents in evaluation) are weighted equally.
+    Entries with no share (held-out opponents in evaluation) are weighted equally. With
+    ``mixed`` (the ablation of stationary grouping) the shares deal meta-episodes instead of
+    groups, in a random order: a group's members share the initial state and seat but not
+    the opponent.
     """
     rng = np.random.default_rng(seed)
     shares = [e.share for e in entries]
@@ -106,11 +110,18 @@ def plan_meta_episodes(
     seats = np.zeros(num_groups, dtype=int)
     if num_seats > 1:
         seats[rng.permutation(num_groups)[: int(round(seat_split * num_groups))]] = 1
+    if mixed:
+        dealt = allocate_groups(shares, num_groups * group_size, rng)
+        players = [entry for entry, count in zip(entries, dealt) for _ in range(count)]
+        members = [players[i] for i in rng.permutation(len(players))]
+    else:
+        members = [entry for entry in owners for _ in range(group_size)]
     specs = []
-    for group, (entry, seat) in enumerate(zip(owners, seats)):
+    for group, seat in enumerate(seats):
         group_seed = derive_seed(seed, group)
         for index in range(group_size):
-            specs.append(MetaEpisodeSpec(group * group_size + index, group, entry, int(seat), group_seed, index))
+            meta = group * group_size + index
+            specs.append(MetaEpisodeSpec(meta, group, members[meta], int(seat), group_seed, index))
     return specs
 
 

@@ -115,7 +115,8 @@ def plan_iteration(settings: Settings, iteration: int) -> list[MetaEpisodeSpec]:
     seat_split, num_seats = settings.population.seat_split, settings.game.num_players
     engine = settings.engine
     return plan_meta_episodes(
-        entries, engine.groups, engine.rollout.group_size, derive_seed(settings.seed, iteration), seat_split, num_seats
+        entries, engine.groups, engine.rollout.group_size, derive_seed(settings.seed, iteration), seat_split, num_seats,
+        mixed=settings.algo.grouping == "mixed",
     )
 
 
