@@ -40,10 +40,15 @@ def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
             assert run["figures"][split]["final_win_rate"] == pytest.approx(finals["won"].mean())
             assert run["figures"][split]["meta_episodes"] == finals.height
 
-    again = subprocess.run([*command, "--games", "kuhn_poker"], capture_output=True, text=True, timeout=600, check=False)
+    # again, in two worker processes, with one run's result lost: only that run trains again
+    (out / "runs" / "kuhn_poker-grpo-s1-lr0.0002.json").unlink()
+    again = subprocess.run([*command, "--games", "kuhn_poker", "--jobs", "2", "--threads", "1"],
+                           capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "# 4 of 4 runs kept" in again.stderr and "# 6 of 6 runs kept" in again.stderr  # nothing trained twice
-    assert "trained" not in again.stderr
+    assert "# 4 of 4 runs kept" in again.stderr and "# 5 of 6 runs kept" in again.stderr
+    trained = [line for line in again.stderr.splitlines() if ": trained " in line]
+    assert len(trained) == 1 and trained[0].startswith("# kuhn_poker-grpo-s1-lr0.0002: trained")
+    assert (out / "runs" / "kuhn_poker-grpo-s1-lr0.0002.json").is_file()
 
 
 @pytest.fixture(scope="module")
