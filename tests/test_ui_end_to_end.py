@@ -62,20 +62,20 @@ def test_pipeline_started_from_the_ui_completes(served):
             page.wait_for_url("**/deployments/deployment/**")
             page.get_by_role("button", name="Run", exact=True).click()
             page.get_by_text("Quick run").click()
-            # The toast that confirms the run slides in (and its content overlaps its own button
-            # while it moves): dispatch the click to the button itself.
-            view = page.locator("button.toast-flow-run-create__button").first
-            view.wait_for(state="visible")
-            view.dispatch_event("click")
-            page.wait_for_url("**/runs/flow-run/**")
-            run_id = page.url.rstrip("/").split("/")[-1].split("?")[0]
+            # The run the click created, from the API: the toast that links to it is transient
+            # (it slid away unseen in one CI run), so the test opens the run's page itself.
+            def top_level_runs() -> list[str]:
+                return [r["id"] for r in get_json(f"{served['api']}/flow_runs/filter", {"limit": 10})
+                        if r["parent_task_run_id"] is None]
+
+            run_id = wait_for(top_level_runs, 60, "the flow run the click created", log=served["log"])[0]
+            page.goto(f"{served['ui']}/runs/flow-run/{run_id}", wait_until="networkidle")
 
             def finished() -> str | None:
                 state = get_json(f"{served['api']}/flow_runs/{run_id}")["state"]["type"]
                 return state if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
-            runs = get_json(f"{served['api']}/flow_runs/filter", {"limit": 10})
-            assert [r["id"] for r in runs if r["parent_task_run_id"] is None] == [run_id]  # one run, from the click
+            assert top_level_runs() == [run_id]  # one run, from the click
             final = wait_for(finished, 420, "the pipeline run", log=served["log"])
             assert final == "COMPLETED", served["log"].read_text()[-4000:]
             page.reload(wait_until="networkidle")
