@@ -222,14 +222,19 @@ def warm_start(args: argparse.Namespace, game: str) -> dict[str, Any]:
     settings_key = base_overrides(args, game, args.scales[game])
     settings = load_settings(settings_key)
     print(f"# {game}: the warm start, its population and its evaluation", file=sys.stderr, flush=True)
+    directory = args.out / "evaluations" / f"{game}-warm_start"
+    kept = directory / "tables.json"  # an earlier call's evaluation, if it evaluated the same thing
+    earlier = json.loads(kept.read_text()) if kept.is_file() else {}
+    same = earlier.get("overrides") == settings_key
+    # where the pipeline seeds it: the build's own check reads it from there instead of
+    # computing the ceilings again (mage.models.build.population_manifest)
+    manifest = Path(settings.paths.population_manifest)
+    if not (same and manifest.is_file()):
+        write_manifest(seed_population(settings.raw, progress=False), manifest)
     started = time.perf_counter()
     model = ensure_model(settings, progress=False)
     built = time.perf_counter() - started
-    directory = args.out / "evaluations" / f"{game}-warm_start"
-    manifest = write_manifest(seed_population(settings.raw, progress=False), directory / "population.json")
-    kept = directory / "tables.json"  # an earlier call's evaluation, if it evaluated the same thing
-    earlier = json.loads(kept.read_text()) if kept.is_file() else {}
-    tables = earlier.get("tables") if earlier.get("overrides") == settings_key else None
+    tables = earlier["tables"] if same else None
     if tables is None:
         tables = evaluate_tables(settings, None, directory)
         io.write_json(kept, {"overrides": settings_key, "tables": tables})

@@ -28,16 +28,20 @@ def final_success(path: str) -> float:
     return float(metrics.filter(pl.col("opponent") == ALL)["final_win_rate"][0])
 
 
-def figures(tables: dict[str, str], manifest: dict[str, Any], episodes: int,
-            start: dict[str, str] | None) -> dict[str, Any]:
-    """Per split: the pooled row of the report (and its gains over ``start``), per-opponent
-    final success."""
-    from mage.report import build_report
+def read_tables(tables: dict[str, str]) -> dict[str, pl.DataFrame]:
+    """The evaluation tables of the reported splits (not the selection's)."""
     from mage.rollout import read_trajectories
 
-    read = {split: read_trajectories(path) for split, path in tables.items() if split != "selection"}
-    start_tables = {split: read_trajectories(path) for split, path in (start or {}).items()}
-    report = build_report(read, manifest, {}, episodes, True, start_tables=start_tables or None)
+    return {split: read_trajectories(path) for split, path in tables.items() if split != "selection"}
+
+
+def figures(tables: dict[str, str], manifest: dict[str, Any], episodes: int,
+            start: dict[str, pl.DataFrame] | None) -> dict[str, Any]:
+    """Per split: the pooled row of the report (and its gains over the ``start`` tables),
+    per-opponent final success."""
+    from mage.report import build_report
+
+    report = build_report(read_tables(tables), manifest, {}, episodes, True, start_tables=start or None)
     out: dict[str, Any] = {}
     for split, body in report["splits"].items():
         pooled = next(r for r in body["opponents"] if r["opponent"] == ALL)
@@ -127,10 +131,11 @@ def print_tables(args: argparse.Namespace, warm: dict[str, Any], sweep: list[dic
     from mage.population import load_manifest
 
     manifests = {game: load_manifest(w["manifest"]) for game, w in warm.items()}
+    warm_tables = {game: read_tables(w["tables"]) for game, w in warm.items()}  # read once, paired with every run
     warm_figures = {game: figures(w["tables"], manifests[game], w["episodes"], None) for game, w in warm.items()}
     for run in runs:
         game = run["spec"]["game"]
-        run["figures"] = figures(run["tables"], manifests[game], warm[game]["episodes"], warm[game]["tables"])
+        run["figures"] = figures(run["tables"], manifests[game], warm[game]["episodes"], warm_tables[game])
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU'}; "
           f"{time.strftime('%Y-%m-%d')}; {args.jobs} run(s) at once, {args.threads} threads each; "

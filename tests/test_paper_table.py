@@ -89,13 +89,14 @@ def wilson_by_hand(wins: int, n: int, z: float = 1.959963984540054) -> tuple[flo
 
 
 def test_figures_and_seed_means_match_a_second_computation(scripted_tables):
-    from paper_table_report import across_seeds, figures
+    from paper_table_report import across_seeds, figures, read_tables
 
     from mage.population import load_manifest
 
     tables, manifest, episodes = scripted_tables
     manifest = load_manifest(manifest)
-    runs = [{"spec": {"seed": seed}, "figures": figures(tables[f"run{seed}"], manifest, episodes, tables["warm"])}
+    warm = read_tables(tables["warm"])
+    runs = [{"spec": {"seed": seed}, "figures": figures(tables[f"run{seed}"], manifest, episodes, warm)}
             for seed in (0, 1)]
     finals, starts = [], by_hand(tables["warm"]["train"])
     for seed, run in enumerate(runs):

@@ -105,8 +105,8 @@ def plan_meta_episodes(
     shares = [e.share for e in entries]
     if sum(shares) <= 0:
         shares = [1.0 / len(entries)] * len(entries)
+    # drawn under ``mixed`` too: the draws after it (the seats) stay those of the stationary plan
     counts = allocate_groups(shares, num_groups, rng)
-    owners = [entry for entry, count in zip(entries, counts) for _ in range(count)]
     seats = np.zeros(num_groups, dtype=int)
     if num_seats > 1:
         seats[rng.permutation(num_groups)[: int(round(seat_split * num_groups))]] = 1
@@ -115,7 +115,7 @@ def plan_meta_episodes(
         players = [entry for entry, count in zip(entries, dealt) for _ in range(count)]
         members = [players[i] for i in rng.permutation(len(players))]
     else:
-        members = [entry for entry in owners for _ in range(group_size)]
+        members = [entry for entry, count in zip(entries, counts) for _ in range(count * group_size)]
     specs = []
     for group, seat in enumerate(seats):
         group_seed = derive_seed(seed, group)
