@@ -65,14 +65,12 @@ def evaluate_policy(settings, checkpoint, eval_groups: int) -> dict:
     ceilings of exactly those states (mage.report)."""
     from dataclasses import replace
 
-    from mage.evaluation import evaluate
+    from mage.evaluation import evaluate_checkpoint
     from mage.population import seed_population
     from mage.report import per_opponent
-    from mage.train.loop import rollout_backend
 
-    backend = rollout_backend(settings, checkpoint=checkpoint)
-    cfg = replace(settings.eval, split="train", meta_episodes=3 * eval_groups, episodes=3)
-    table = evaluate(settings, backend, cfg, progress=False)
+    cfg = replace(settings.eval, meta_episodes=3 * eval_groups, episodes=3)
+    table = evaluate_checkpoint(settings, checkpoint, ("train",), cfg)["train"]
     rows = per_opponent(table, seed_population(settings.raw, progress=False), cfg.episodes, cfg.early_stop)
     return {r["opponent"]: {k: r[k] for k in METRICS} for r in rows}
 

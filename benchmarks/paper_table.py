@@ -127,19 +127,14 @@ def run_spec(args: argparse.Namespace, game: str, algo: str, seed: int, lr: floa
 def evaluate_tables(settings: Any, checkpoint: Any, out: Path, seed: int | None = None,
                     meta_episodes: int | None = None, splits: tuple[str, ...] = SPLITS) -> dict[str, str]:
     """Play the policy (``checkpoint``; None: the warm start) on each split; the tables' paths."""
-    from mage.evaluation import evaluate
+    from mage.evaluation import evaluate_checkpoint
     from mage.rollout import write_trajectories
-    from mage.train.loop import rollout_backend
 
     cfg = settings.eval
     cfg = replace(cfg, seed=cfg.seed if seed is None else seed,
                   meta_episodes=cfg.meta_episodes if meta_episodes is None else meta_episodes)
-    backend = rollout_backend(settings, checkpoint=checkpoint)
-    try:
-        return {split: str(write_trajectories(evaluate(settings, backend, replace(cfg, split=split), progress=False),
-                                              out / f"{split}.parquet")) for split in splits}
-    finally:
-        backend.release()
+    tables = evaluate_checkpoint(settings, checkpoint, splits, cfg)
+    return {split: str(write_trajectories(table, out / f"{split}.parquet")) for split, table in tables.items()}
 
 
 def train_and_evaluate(spec: RunSpec, threads: int, out: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from ``mage.rollout.metrics``.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from mage.sections import EvalConfig
 
 if TYPE_CHECKING:
     from mage.settings import Settings
+    from mage.train.checkpoint import Checkpoint
 
 
 def opponents_for(settings: Settings, split: str) -> list[PopulationEntry]:
@@ -61,3 +63,26 @@ def evaluate(
     engine = RolloutEngine(backend, rollout, settings.game.params)
     sampling = replace(cfg.sampling, seed=derive_seed(cfg.seed, 99))
     return engine.run(specs, sampling, run_id=run_id, iteration=iteration, progress=progress)
+
+
+def evaluate_checkpoint(
+    settings: Settings,
+    checkpoint: Checkpoint | None = None,
+    splits: Sequence[str] = ("train", "held_out"),
+    cfg: EvalConfig | None = None,
+    progress: bool = False,
+) -> dict[str, pl.DataFrame]:
+    """Play ``checkpoint`` (None: the run's starting weights) against each split's opponents
+    with ``cfg`` (default: ``settings.eval``; its ``split`` is each of ``splits``): one table
+    per split. The policy is loaded once for all splits and its backend released after."""
+    # the trainer's module (torch, peft) is loaded only when a policy is actually played
+    from mage.train.loop import rollout_backend
+
+    cfg = cfg if cfg is not None else settings.eval
+    backend = rollout_backend(settings, checkpoint=checkpoint)
+    try:
+        iteration = checkpoint.iteration if checkpoint is not None else 0
+        return {split: evaluate(settings, backend, replace(cfg, split=split), run_id=settings.run_name,
+                                iteration=iteration, progress=progress) for split in splits}
+    finally:
+        backend.release()  # vllm: the process's engine stays for the next evaluation

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -31,22 +30,12 @@ def evaluate_checkpoint(
     config: dict[str, Any], model: FileRef, checkpoint: FileRef | None, split: str, out_dir: str | None = None
 ) -> dict[str, Any]:
     """Play ``checkpoint`` (None: the starting policy, the base model) against the ``split`` opponents."""
-    from mage.evaluation import evaluate
-    from mage.train.loop import rollout_backend
+    from mage import evaluation
 
     settings = Settings.from_config(config)
     model.resolve()
-    loaded = None
-    if checkpoint is not None:
-        path = checkpoint.resolve()
-        loaded = ckpt.Checkpoint.at(path)
-    cfg = settings.eval
-    backend = rollout_backend(settings, checkpoint=loaded)
-    try:
-        table = evaluate(settings, backend, dataclasses.replace(cfg, split=split), progress=False,
-                         run_id=settings.run_name, iteration=loaded.iteration if loaded else 0)
-    finally:
-        backend.release()  # vllm: the process's engine stays for the next evaluation
+    loaded = ckpt.Checkpoint.at(checkpoint.resolve()) if checkpoint is not None else None
+    table = evaluation.evaluate_checkpoint(settings, loaded, (split,))[split]
     directory = Path(out_dir) if out_dir else default_evaluation_dir(settings, checkpoint)
     table_ref = FileRef.of(write_trajectories(table, directory / f"{split}.parquet"))
     per_episode = rollout_metrics(table)

@@ -283,3 +283,24 @@ def test_evaluation_gives_every_opponent_its_groups_whatever_its_training_share(
     cfg = cfg.__class__(**{**cfg.__dict__, "meta_episodes": 50})
     table = evaluate(settings, ScriptedBackend("random", seed=0), cfg, progress=False)
     assert set(dict(table.select("opponent", "meta_id").unique().group_by("opponent").len().iter_rows()).values()) == {7}
+
+
+def test_evaluate_checkpoint_plays_each_split_as_evaluate_does():
+    # The library's one-call evaluation (what the evaluate task, the paper's table and the
+    # learning benchmark use) against evaluate() called split by split with its own backend.
+    import dataclasses
+
+    from mage.backends import make_backend
+    from mage.evaluation import evaluate, evaluate_checkpoint
+    from mage.settings import load_settings
+
+    settings = load_settings(["engine.backend=scripted", "eval.meta_episodes=16", "run.name=probe"])
+    cfg = dataclasses.replace(settings.eval, episodes=2)
+    tables = evaluate_checkpoint(settings, None, ("train", "held_out"), cfg)
+    assert set(tables) == {"train", "held_out"}
+    backend = make_backend("scripted", **settings.engine.backend_options)  # one backend, splits in turn
+    for split, table in tables.items():
+        expected = evaluate(settings, backend, dataclasses.replace(cfg, split=split), run_id="probe", progress=False)
+        assert table.equals(expected)
+        assert set(table["opponent"]) == {e.id for e in settings.population.entries if e.split == split}
+        assert table["episode"].max() == 2
