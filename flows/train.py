@@ -18,7 +18,7 @@ from flows.common import (configured, describe_iteration, logger, make_runner, p
                           shard_options, shard_workers)
 from mage import io
 from mage.rollout.engine import RolloutStats
-from mage.train.loop import RunPaths, drift_warning, record_metrics, rollout_metrics_of
+from mage.train.loop import RunPaths, record_iteration, rollout_metrics_of
 from tasks.evaluation import evaluate_checkpoint
 from tasks.model import prepare_model
 from tasks.refs import FileRef
@@ -55,10 +55,9 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
             result = update(config, model, table, checkpoint, iteration)
             checkpoint = result["checkpoint"]
             metrics = result["metrics"] | rollout_metrics_of([RolloutStats(**p["stats"]) for p in played])
-            record_metrics(settings, metrics)  # the run's metrics.jsonl, as mage.train.loop writes it
+            warning = record_iteration(settings, metrics)  # metrics.jsonl, as mage.train.loop writes it
             history.append(metrics)
             log.info(describe_iteration(metrics))
-            warning = drift_warning(settings.train, metrics, history[0])
             if warning:
                 log.warning(warning)
             publish_training_table(settings.run_name, history)

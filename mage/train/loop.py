@@ -271,12 +271,21 @@ def drift_warning(train_cfg: TrainConfig, metrics: dict[str, Any], first: dict[s
             "larger algo.kl_coef usually holds it)")
 
 
+def record_iteration(settings: Settings, metrics: dict[str, Any]) -> str | None:
+    """Record an iteration's metrics (``metrics.jsonl``) and return its drift warning against
+    the run's first recorded iteration, also after a resume (None: no drift). The library's
+    loop and the ``train`` flow both end an iteration with this."""
+    record_metrics(settings, metrics)
+    return drift_warning(settings.train, metrics, first_recorded_metrics(settings))
+
+
 @dataclass
 class IterationResult:
     iteration: int
     metrics: dict[str, Any]
     checkpoint: ckpt.Checkpoint | None
     rollout_path: Path
+    drift_warning: str | None = None
 
 
 def iteration_metrics(iteration: int, table: pl.DataFrame, update: dict[str, float]) -> dict[str, Any]:
@@ -293,8 +302,7 @@ def run_iteration(state: TrainingState, iteration: int, progress: bool = True) -
     metrics = iteration_metrics(iteration, table, update) | rollout_metrics_of([stats])
     rollout_path = write_trajectories(table, RunPaths.of(settings).rollout(iteration))
     saved = state.save(iteration, metrics) if checkpoint_due(settings, iteration) else None
-    record_metrics(settings, metrics)
-    return IterationResult(iteration, metrics, saved, rollout_path)
+    return IterationResult(iteration, metrics, saved, rollout_path, record_iteration(settings, metrics))
 
 
 def train(
@@ -316,16 +324,13 @@ def train(
         state = start_training(settings, latest)
         start = latest.iteration + 1 if latest else 1
         results = []
-        first: dict[str, Any] = {}
         for iteration in range(start, settings.train.iterations + 1):
             if stop_after is not None and len(results) >= stop_after:
                 break
             result = run_iteration(state, iteration, progress)
             results.append(result)
-            first = first or first_recorded_metrics(settings)  # the run's first, also after a resume
-            warning = drift_warning(settings.train, result.metrics, first)
-            if warning:
-                logging.getLogger(__name__).warning(warning)
+            if result.drift_warning:
+                logging.getLogger(__name__).warning(result.drift_warning)
             if on_iteration is not None:
                 on_iteration(result)
     return results
