@@ -151,8 +151,11 @@ def _warn_recomputed(task_ctx: Any, why: str) -> None:
 
 def is_transient(exception: BaseException | None) -> bool:
     """Failures worth retrying: I/O and network errors, timeouts, CUDA hiccups. Configuration
-    and programming errors (ValueError, TypeError, KeyError, ...) fail at once."""
+    and programming errors (ValueError, TypeError, KeyError, ...) fail at once, and so does an
+    error that says so itself (a class attribute ``transient = False``), whatever it wraps."""
     if exception is None:
+        return False
+    if getattr(exception, "transient", None) is False:
         return False
     if isinstance(exception, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False  # a missing input (a stale reference included) stays missing

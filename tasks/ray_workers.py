@@ -63,6 +63,12 @@ class RolloutActor:
         return os.getpid()
 
 
+class RolloutWorkerGone(RuntimeError):
+    """A shard's worker actor is dead for good (its ``flow.ray.worker_restarts`` are spent)."""
+
+    transient = False  # tasks.caching.is_transient: another try would find it dead again
+
+
 #: How long a retried shard waits for its worker actor to start again (a model load; minutes for a large vLLM engine)
 RESTART_WAIT_SECONDS = 900.0
 
@@ -70,7 +76,7 @@ RESTART_WAIT_SECONDS = 900.0
 def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> None:
     """Return once ``actor`` answers. A worker that died is started again by Ray (up to
     ``flow.ray.worker_restarts``), and calls fail while it restarts: the retried shard waits.
-    One that can no longer start raises at once (``ActorDiedError``)."""
+    One that can no longer start raises :class:`RolloutWorkerGone` at once."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -78,6 +84,16 @@ def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> Non
             return
         except ray.exceptions.GetTimeoutError as error:
             raise TimeoutError(f"the rollout worker actor did not start within {timeout:g} s") from error
+        except ray.exceptions.ActorDiedError as error:
+            # Ray says "unavailable" while an actor restarts, and "died" once it is dead for good,
+            # except for a preempted node (an autoscaler drain), whose actors restart elsewhere.
+            if getattr(error, "preempted", False) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            why = ("its constructor failed" if getattr(error, "actor_init_failed", False)
+                   else "its flow.ray.worker_restarts are spent")
+            raise RolloutWorkerGone(f"the rollout worker actor is dead and will not start again ({why}): "
+                                    f"{error}") from error
         except ray.exceptions.ActorUnavailableError:
             if time.monotonic() > deadline:
                 raise

@@ -144,6 +144,36 @@ def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_
     assert_same_weights(final_weights(settings), on_one_machine["weights"])
 
 
+def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluster):
+    """wait_until_started returns once a killed actor has restarted; when its restarts are
+    spent it raises an error that the retry rule refuses, where Ray's own is retried."""
+    import ray
+
+    from tasks.caching import is_transient
+    from tasks.ray_workers import RolloutWorkerGone, wait_until_started
+
+    @ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)
+    class Probe:
+        def pid(self) -> int:
+            return os.getpid()
+
+    ray.init(address=ray_cluster)
+    try:
+        actor = Probe.remote()
+        first = ray.get(actor.pid.remote())
+        psutil.Process(first).kill()
+        wait_until_started(actor, timeout=120)  # the one restart
+        second = ray.get(actor.pid.remote())
+        assert second != first
+        psutil.Process(second).kill()  # no restart left
+        with pytest.raises(RolloutWorkerGone, match="flow.ray.worker_restarts are spent") as gone:
+            wait_until_started(actor, timeout=120)
+        assert isinstance(gone.value.__cause__, ray.exceptions.ActorDiedError)
+        assert is_transient(gone.value.__cause__) and not is_transient(gone.value)
+    finally:
+        ray.shutdown()
+
+
 def test_evaluate_on_ray_gives_the_same_report(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
     config = on_one_machine["config"]
     checkpoint = str(max(RunPaths.of(load_settings(config)).checkpoints.glob("ckpt-*")))
