@@ -82,7 +82,8 @@ SMOKE_ALGOS, DEFAULT_SEEDS = ["mage", "grpo"], [0, 1]
 SMOKE_RUNS = ["engine.sampling.max_new_tokens=8", "population.ceilings.n_games=4",
               "eval.episodes=2"]
 SMOKE_BUILD = ["model.tiny.corpus_meta_episodes=8", "model.tiny.bc_meta_episodes=8", "model.tiny.bc_steps=2",
-               "model.tiny.bc_short_steps=0", "model.tiny.check_meta_episodes=2", "model.tiny.hidden_size=32",
+               "model.tiny.bc_short_steps=0", "model.tiny.check_meta_episodes=2",
+               "model.tiny.check_sampling.max_new_tokens=8", "model.tiny.hidden_size=32",
                "model.tiny.intermediate_size=64", "model.tiny.num_layers=1", "model.tiny.vocab_size=512"]
 
 
