@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mage.algo import AlgoConfig, add_advantages, add_returns
 from mage.rollout.schema import from_rows
@@ -146,3 +148,23 @@ def test_grpo_baseline_by_hand():
 def test_advantages_need_returns_first():
     with pytest.raises(ValueError, match="add_returns"):
         add_advantages(TABLE, CFG)
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from([0.0, 10.0])), min_size=1, max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_meta_rewards_coincide_when_only_an_early_stopping_win_pays(metas):
+    """Sokoban's case (BENCHMARKS, the paper's table): a failed episode returns 0 and a solved
+    one ends the meta-episode, so D_n = R_n - R_{n-1} equals R_n for every episode, and MAGE
+    and LaMer are one algorithm there. A loss that pays (Kuhn, Tic-Tac-Toe) separates them."""
+    from mage.algo.returns import meta_rewards
+
+    rows = [{"run_id": "r", "iteration": 1, "meta_id": meta, "episode": n,
+             "episode_return": last if n == episodes else 0.0}
+            for meta, (episodes, last) in enumerate(metas) for n in range(1, episodes + 1)]
+    table = pl.DataFrame(rows)
+    differential, cumulative = meta_rewards(table, "differential"), meta_rewards(table, "cumulative")
+    assert differential.equals(cumulative)
+    paying = table.with_columns(pl.when(pl.col("episode") == 1).then(-1.0).otherwise(pl.col("episode_return"))
+                                .alias("episode_return"))
+    if any(episodes > 1 for episodes, _ in metas):  # a paid loss before a later episode
+        assert not meta_rewards(paying, "differential").equals(meta_rewards(paying, "cumulative"))
