@@ -10,6 +10,9 @@ run skips the finished iterations and continues where it stopped; lengthening a 
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prefect import flow
@@ -18,6 +21,7 @@ from flows.common import (configured, describe_iteration, logger, make_runner, p
                           shard_options, shard_workers)
 from mage import io
 from mage.rollout.engine import RolloutStats
+from mage.settings import Settings
 from mage.train.loop import RunPaths, record_iteration, rollout_metrics_of
 from tasks.evaluation import evaluate_checkpoint
 from tasks.model import prepare_model
@@ -40,9 +44,8 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
     shards = flow_cfg.rollout_shards
     log.info(f"run {settings.run_name}: {settings.train.iterations} iterations, {settings.engine.groups} groups x "
              f"{settings.engine.rollout.group_size} meta-episodes, {shards} rollout shard(s) on a {flow_cfg.runner} runner")
-    live = live_metrics(settings)
     with (RunPaths.of(settings).writing(), make_runner(flow_cfg) as runner,
-          shard_workers(settings, runner, shards) as shard_runner):
+          shard_workers(settings, runner, shards) as shard_runner, iteration_reports(settings, log) as report):
         for iteration in range(1, settings.train.iterations + 1):
             with shard_options(flow_cfg):
                 futures = [
@@ -54,26 +57,14 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
             table = score(config, [p["table"] for p in played], iteration)
             result = update(config, model, table, checkpoint, iteration)
             checkpoint = result["checkpoint"]
-            metrics = result["metrics"] | rollout_metrics_of([RolloutStats(**p["stats"]) for p in played])
-            warning = record_iteration(settings, metrics)  # metrics.jsonl, as mage.train.loop writes it
-            history.append(metrics)
-            log.info(describe_iteration(metrics))
-            if warning:
-                log.warning(warning)
-            publish_training_table(settings.run_name, history)
-            if live is not None:
-                for key, value in metrics.items():
-                    if isinstance(value, (int, float)) and key != "iteration":
-                        live.log_metric(key, value)
-                live.next_step()
+            history.append(result["metrics"] | rollout_metrics_of([RolloutStats(**p["stats"]) for p in played]))
+            report(history)
             every = settings.train.eval_every
             if every and iteration % every == 0:
                 evaluations[iteration] = evaluate(config, model, checkpoint, settings.eval.split)
                 finals = {row["opponent"]: row["final_win_rate"] for row in evaluations[iteration]["final"]}
                 log.info(f"evaluation at iteration {iteration} ({settings.eval.split}): final-episode win rate "
                          + ", ".join(f"{k} {v:.2f}" for k, v in finals.items()))
-    if live is not None:
-        live.end()
     final = RunPaths.of(settings).root / "final.json"
     io.write_json(final, {"checkpoint": checkpoint.path if checkpoint else None,
                           "sha256": checkpoint.sha256 if checkpoint else None, "iterations": settings.train.iterations})
@@ -81,12 +72,35 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
     return {"checkpoint": checkpoint, "metrics": history[-1] if history else {}, "evaluations": evaluations}
 
 
-def live_metrics(settings):
-    """dvclive's logger of per-iteration metrics and plots (``paths.live``), or None."""
-    directory = settings.paths.live
-    if not directory:
-        return None
-    from dvclive import Live
+@contextlib.contextmanager
+def iteration_reports(
+    settings: Settings, log: logging.Logger | logging.LoggerAdapter
+) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """Where a finished iteration's metrics go (the last of ``history``): ``metrics.jsonl`` and
+    the drift warning as the library records them, a log line, the UI's training table and
+    dvclive's metrics and plots (``paths.live``), which are closed however the flow ends."""
+    live = None
+    if settings.paths.live:
+        from dvclive import Live
 
-    # The DVC pipeline declares these metrics and plots itself: no dvc.yaml edits, no extra experiments.
-    return Live(dir=str(directory), resume=False, save_dvc_exp=False, dvcyaml=None, report=None)
+        # The DVC pipeline declares these metrics and plots itself: no dvc.yaml edits, no extra experiments.
+        live = Live(dir=str(settings.paths.live), resume=False, save_dvc_exp=False, dvcyaml=None, report=None)
+
+    def report(history: list[dict[str, Any]]) -> None:
+        metrics = history[-1]
+        warning = record_iteration(settings, metrics)
+        log.info(describe_iteration(metrics))
+        if warning:
+            log.warning(warning)
+        publish_training_table(settings.run_name, history)
+        if live is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and key != "iteration":
+                    live.log_metric(key, value)
+            live.next_step()
+
+    try:
+        yield report
+    finally:
+        if live is not None:
+            live.end()
