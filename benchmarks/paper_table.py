@@ -18,7 +18,7 @@ others, over N = 3 episodes.
 Then two of the paper's ablations at MAGE's chosen rate (``--ablation-game``): groups that mix
 opponents (``algo.grouping=mixed``) and a local anchor (``algo.anchor=local``).
 
-    python benchmarks/paper_table.py                      # the default invocation (about 2 h here)
+    python benchmarks/paper_table.py                      # the default invocation (about 1 h 50 min here)
     python benchmarks/paper_table.py --games kuhn_poker --algos mage grpo --seeds 0
     python benchmarks/paper_table.py --jobs 8 --threads 2 # runs in parallel (a machine with cores)
     python benchmarks/paper_table.py --smoke              # CI: the smallest setting
@@ -66,10 +66,10 @@ class Scale:
     learning_rates: tuple[float, ...]
 
 
-# Projected from BENCHMARKS.md's per-iteration and per-evaluation costs (2 cores): Kuhn Poker
-# 16 runs x ~150 s, Tic-Tac-Toe 12 x ~155 s, Sokoban 12 x ~180 s, the three builds ~12 min:
-# about 2 hours. Cut from the lifecycle defaults: iterations (Kuhn 20 -> 10, Tic-Tac-Toe
-# 5 -> 3), groups (16 -> 6 on the two long games) and evaluated meta-episodes.
+# Measured in parts on 2 cores (BENCHMARKS.md, "The budget"): Kuhn Poker 35 min, Tic-Tac-Toe
+# and Sokoban 52-62 min, the three builds 12 min: under 2 hours. Cut from the lifecycle
+# defaults: iterations (Kuhn 20 -> 10, Tic-Tac-Toe 5 -> 3), groups (16 -> 6 on the two long
+# games) and evaluated meta-episodes.
 SCALES = {
     "kuhn_poker": Scale(10, 16, 4, 32, 256, 128, (2e-4, 4e-4)),
     "tic_tac_toe": Scale(3, 6, 4, 32, 64, 32, (2e-4, 4e-4)),
