@@ -168,12 +168,14 @@ def check_room(cfg: Any, shards: int) -> None:
 
 @contextlib.contextmanager
 def shard_resources(flow_cfg: FlowConfig) -> Iterator[None]:
-    """Ray resources of the shard tasks submitted inside (each builds its engine). Ray never
-    re-runs a Prefect task itself (``max_retries=0``): retries are Prefect's, with its cache
-    and its log."""
+    """Ray resources of the shard tasks submitted inside (each builds its engine). An error
+    a task raises is retried by Prefect, with its cache and its log. A task whose process or
+    node died took Prefect's task engine with it, so Ray runs it again (``max_retries``, the
+    same ``flow.retries``; Ray retries no raised error: ``retry_exceptions`` stays off)."""
     from prefect_ray.context import remote_options
 
-    with remote_options(num_cpus=flow_cfg.ray.shard_cpus, num_gpus=flow_cfg.ray.shard_gpus, max_retries=0):
+    with remote_options(num_cpus=flow_cfg.ray.shard_cpus, num_gpus=flow_cfg.ray.shard_gpus,
+                        max_retries=flow_cfg.retries, retry_exceptions=False):
         yield
 
 

@@ -144,6 +144,34 @@ def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_
     assert_same_weights(final_weights(settings), on_one_machine["weights"])
 
 
+def test_per_task_workers_survive_a_killed_task_process(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
+    """``flow.ray.long_lived_workers=false``: each shard is a Ray task that builds its own
+    engine. SIGKILL the first one's process: it took Prefect's task engine with it, so Ray runs
+    it again, and the run ends with the thread runner's tables and weights."""
+    killed: list[int] = []
+
+    def kill_the_first_shard_task():
+        deadline = time.monotonic() + 300
+        while not killed and time.monotonic() < deadline:
+            for process in psutil.process_iter(["pid", "cmdline"]):
+                if any("ray::rollout-shard" in part for part in process.info["cmdline"] or ()):
+                    process.kill()
+                    killed.append(process.info["pid"])
+                    return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_the_first_shard_task, daemon=True)
+    killer.start()
+    config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster), "flow.ray.long_lived_workers=false")
+    state = train(config, return_state=True)
+    killer.join(5)
+    assert killed, "no shard task was seen running"
+    assert state.is_completed()
+    settings = load_settings(config)
+    assert_same_tables(tables(settings), on_one_machine["tables"])
+    assert_same_weights(final_weights(settings), on_one_machine["weights"])
+
+
 def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluster):
     """wait_until_started returns once a killed actor has restarted; when its restarts are
     spent it raises an error that the retry rule refuses, where Ray's own is retried."""
