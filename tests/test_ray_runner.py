@@ -113,6 +113,17 @@ def test_train_on_ray_gives_the_thread_runner_s_table_and_weights(ray_cluster, t
     assert {runs[f"rollout-{i}-shard-{s}"].state.name for i in (1, 2) for s in (0, 1)} == {"Completed"}
 
 
+def test_a_ray_run_reuses_what_the_thread_runner_computed(ray_cluster, on_one_machine):
+    """Where a task runs is no part of its cache key (``flow`` is a schedule section): the
+    thread runner's finished run, run again on Ray, computes nothing."""
+    state = train([*on_one_machine["config"], *on(ray_cluster)], return_state=True)
+    assert state.is_completed()
+    runs = task_runs(state)
+    assert {f"rollout-{i}-shard-{s}" for i in (1, 2) for s in (0, 1)} <= set(runs)
+    assert all(run.state.name == "Cached" for run in runs.values()), {n: r.state.name for n, r in runs.items()}
+    assert_same_weights(final_weights(load_settings(on_one_machine["config"])), on_one_machine["weights"])
+
+
 def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
     """SIGKILL one worker actor in the middle of its first shard: Ray starts it again, Prefect
     retries that shard alone, and the run ends with the thread runner's weights."""
