@@ -4,9 +4,11 @@ actor retried, and a wrong address or an unseen shared root named before any wor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -124,26 +126,34 @@ def test_a_ray_run_reuses_what_the_thread_runner_computed(ray_cluster, on_one_ma
     assert_same_weights(final_weights(load_settings(on_one_machine["config"])), on_one_machine["weights"])
 
 
-def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
-    """SIGKILL one worker actor in the middle of its first shard: Ray starts it again, Prefect
-    retries that shard alone, and the run ends with the thread runner's weights."""
+@contextlib.contextmanager
+def killing_the_first(marker: str) -> Iterator[list[int]]:
+    """While the block runs, SIGKILL the first process whose command line names ``marker``
+    (Ray titles a busy worker ``ray::<task>`` or ``<Actor>.<method>``); yields the killed pids."""
     killed: list[int] = []
 
-    def kill_the_first_busy_actor():
+    def kill() -> None:
         deadline = time.monotonic() + 300
         while not killed and time.monotonic() < deadline:
             for process in psutil.process_iter(["pid", "cmdline"]):
-                if any("RolloutActor.play" in part for part in process.info["cmdline"] or ()):
+                if any(marker in part for part in process.info["cmdline"] or ()):
                     process.kill()
                     killed.append(process.info["pid"])
                     return
             time.sleep(0.02)
 
-    killer = threading.Thread(target=kill_the_first_busy_actor, daemon=True)
+    killer = threading.Thread(target=kill, daemon=True)
     killer.start()
-    config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster), "flow.retries=2")
-    state = train(config, return_state=True)
+    yield killed
     killer.join(5)
+
+
+def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
+    """SIGKILL one worker actor in the middle of its first shard: Ray starts it again, Prefect
+    retries that shard alone, and the run ends with the thread runner's weights."""
+    config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster), "flow.retries=2")
+    with killing_the_first("RolloutActor.play") as killed:
+        state = train(config, return_state=True)
     assert killed, "no worker actor was seen playing"
     assert state.is_completed()
     runs = task_runs(state)
@@ -159,23 +169,9 @@ def test_per_task_workers_survive_a_killed_task_process(ray_cluster, tiny_model_
     """``flow.ray.long_lived_workers=false``: each shard is a Ray task that builds its own
     engine. SIGKILL the first one's process: it took Prefect's task engine with it, so Ray runs
     it again, and the run ends with the thread runner's tables and weights."""
-    killed: list[int] = []
-
-    def kill_the_first_shard_task():
-        deadline = time.monotonic() + 300
-        while not killed and time.monotonic() < deadline:
-            for process in psutil.process_iter(["pid", "cmdline"]):
-                if any("ray::rollout-shard" in part for part in process.info["cmdline"] or ()):
-                    process.kill()
-                    killed.append(process.info["pid"])
-                    return
-            time.sleep(0.02)
-
-    killer = threading.Thread(target=kill_the_first_shard_task, daemon=True)
-    killer.start()
     config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster), "flow.ray.long_lived_workers=false")
-    state = train(config, return_state=True)
-    killer.join(5)
+    with killing_the_first("ray::rollout-shard") as killed:
+        state = train(config, return_state=True)
     assert killed, "no shard task was seen running"
     assert state.is_completed()
     settings = load_settings(config)

@@ -241,21 +241,15 @@ def checkpoint_due(settings: Settings, iteration: int) -> bool:
     return iteration % settings.train.checkpoint_every == 0 or iteration == settings.train.iterations
 
 
-def record_metrics(settings: Settings, metrics: dict[str, Any]) -> None:
-    """Append an iteration's metrics to the run's ``metrics.jsonl`` (replacing an older line)."""
+def record_metrics(settings: Settings, metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """Append an iteration's metrics to the run's ``metrics.jsonl`` (replacing an older line
+    of the same iteration); every recorded iteration's metrics, this one included."""
     path = RunPaths.of(settings).metrics
     lines = path.read_text().splitlines() if path.is_file() else []
-    iteration = metrics["iteration"]
-    lines = [line for line in lines if json.loads(line).get("iteration") != iteration]
+    kept = [m for m in map(json.loads, filter(str.strip, lines)) if m.get("iteration") != metrics["iteration"]]
     # Rewriting the whole file atomically keeps it whole after a crash.
-    io.write_text(path, "\n".join(lines + [json.dumps(metrics, sort_keys=True)]) + "\n")
-
-
-def first_recorded_metrics(settings: Settings) -> dict[str, Any]:
-    """The metrics of the run's earliest recorded iteration (``metrics.jsonl``), or {}."""
-    path = RunPaths.of(settings).metrics
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    return min(lines, key=lambda m: m.get("iteration", 0), default={})
+    io.write_text(path, "".join(json.dumps(m, sort_keys=True) + "\n" for m in [*kept, metrics]))
+    return [*kept, metrics]
 
 
 def drift_warning(train_cfg: TrainConfig, metrics: dict[str, Any], first: dict[str, Any]) -> str | None:
@@ -275,8 +269,9 @@ def record_iteration(settings: Settings, metrics: dict[str, Any]) -> str | None:
     """Record an iteration's metrics (``metrics.jsonl``) and return its drift warning against
     the run's first recorded iteration, also after a resume (None: no drift). The library's
     loop and the ``train`` flow both end an iteration with this."""
-    record_metrics(settings, metrics)
-    return drift_warning(settings.train, metrics, first_recorded_metrics(settings))
+    recorded = record_metrics(settings, metrics)
+    first = min(recorded, key=lambda m: m.get("iteration", 0))
+    return drift_warning(settings.train, metrics, first)
 
 
 @dataclass
