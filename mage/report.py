@@ -121,10 +121,12 @@ def meta_summaries(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataF
 
 
 def _groups(frame: pl.DataFrame, value: str, count: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Per group (opponent, group id): the sum of ``value`` and the count (rows or ``count``)."""
+    """Per group (opponent, group id), in that order: the sum of ``value`` and the count (rows
+    or ``count``). The order is the bootstrap's: its seeded resamples pick groups by position,
+    and polars' ``group_by`` returns groups in an arbitrary order that changes from run to run."""
     summed = frame.group_by("opponent", "group_id").agg(
         pl.col(value).sum().alias("s"), (pl.col(count).sum() if count else pl.len()).cast(pl.Float64).alias("n"))
-    summed = summed.filter(pl.col("n") > 0)
+    summed = summed.filter(pl.col("n") > 0).sort("opponent", "group_id")
     return summed["s"].to_numpy(), summed["n"].to_numpy()
 
 

@@ -6,6 +6,8 @@ import json
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mage.report import build_report, headline_metrics, write_report
 from mage.report_markdown import to_markdown
@@ -211,3 +213,35 @@ def test_wilson_agrees_with_scipy_and_the_bootstrap_covers_the_mean():
     covered = sum(low <= 1.0 <= high for low, high in
                   (group_bootstrap(rng.normal(1.0, 1.0, 60), np.ones(60), resamples=500, seed=s) for s in range(200)))
     assert 0.88 <= covered / 200 <= 0.99
+
+
+def _many_groups_table():
+    """Twelve meta-episodes against B, one group each: a first episode lost, a final one that
+    pays (m * 7) % 11 - 5 (wins when positive)."""
+    rows = []
+    for meta in range(12):
+        final = float((meta * 7) % 11 - 5)
+        rows += [row(meta, "B", meta % 2, [Q, K], 1, 1, ret=-5, won=False),
+                 row(meta, "B", meta % 2, [Q, K], 2, 1, ret=final, won=final > 0)]
+    return rows
+
+
+@settings(max_examples=15, deadline=None)
+@given(order=st.permutations(range(24)))
+def test_report_intervals_follow_from_the_groups_not_from_the_row_order(order):
+    """The bootstrap is seeded, and resamples groups by position: the groups go in (opponent,
+    group) order, so a table's intervals are the same however its rows are ordered (polars'
+    group_by order alone once changed them between runs) and equal the interval over the
+    groups taken by hand."""
+    import numpy as np
+
+    from mage.stats import group_bootstrap
+
+    rows = _many_groups_table()
+    report = build_report({"train": from_rows([rows[i] for i in order])}, MANIFEST, {"checkpoint": "c"}, episodes=2)
+    pooled = next(r for r in report["splits"]["train"]["opponents"] if r["opponent"] == "all")
+    finals = [float((meta * 7) % 11 - 5) for meta in range(12)]  # group 0, 1, ... 11
+    assert pooled["final_mean_return_ci"] == list(group_bootstrap(finals, np.ones(12)))
+    assert pooled["return_gain_ci"] == list(group_bootstrap([f + 5 for f in finals], np.ones(12)))
+    wins = [float(f > 0) for f in finals]
+    assert pooled["win_rate_gain_ci"] == list(group_bootstrap(wins, np.ones(12)))
