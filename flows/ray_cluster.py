@@ -60,6 +60,13 @@ def loopback_only() -> Iterator[None]:
     """Inside: a Ray started here listens on 127.0.0.1 only. Ray binds its servers to every
     interface unless told that it is no cluster across machines
     (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read by Ray and by the processes it starts)."""
+    import ray
+
+    # prefect_ray imports ray lazily (a LazyModule in sys.modules). On Python 3.11, importing a
+    # submodule first loads ray in the middle of that import, which then makes a second
+    # ``ray._private`` without its submodules (``ray._private.worker`` is then missing and
+    # ray.init fails). Any attribute loads the whole package first.
+    ray.__version__  # noqa: B018
     from ray._private import ray_constants
 
     variable, flag = os.environ.get(ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR), ray_constants.ENABLE_RAY_CLUSTER

@@ -1,11 +1,13 @@
 """``flow.runner=ray`` on a cluster of two Ray nodes on 127.0.0.1 (one CPU each, started
 and stopped here): the same table, weights and report as on one machine, a killed worker
-actor retried, and a wrong address or an unseen shared root named before any work."""
+actor or task process retried, and a wrong address or an unseen shared root named before
+any work."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -57,16 +59,45 @@ def on(address: str) -> list[str]:
 
 
 def test_a_local_ray_listens_on_the_loopback_interface_only():
-    """First in this module: before the test cluster sets the same switch for its own nodes."""
+    """First in this module: before the test cluster sets the same switch for its own nodes.
+    A task runs first, so that a worker process (which serves its own port) is among them."""
+    import ray
+
     from flows.ray_cluster import ray_runner
 
+    class Worker:
+        def pid(self) -> int:
+            return os.getpid()
+
     loopback = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+    listening: set[tuple[int, str, str]] = set()
     with ray_runner(load_settings(["flow.runner=ray", "flow.ray.num_cpus=1"]).flow):
-        children = psutil.Process().children(recursive=True)
-        listening = {(p.name(), c.laddr.ip) for p in children for c in p.net_connections(kind="inet")
-                     if c.status == psutil.CONN_LISTEN}
-    assert listening, "no Ray process was listening"
-    assert {ip for _, ip in listening} <= loopback, sorted(listening)
+        actor = ray.remote(num_cpus=0)(Worker).remote()  # held: its process stays while the ports are read
+        worker = ray.get(actor.pid.remote())
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                listening |= {(process.pid, process.name(), c.laddr.ip) for c in process.net_connections(kind="inet")
+                              if c.status == psutil.CONN_LISTEN}
+    assert worker in {pid for pid, _, _ in listening}, f"the task's worker {worker} is not listening: {listening}"
+    assert {ip for _, _, ip in listening} <= loopback, sorted(listening)
+
+
+def test_the_loopback_switch_leaves_a_lazily_imported_ray_whole():
+    """prefect_ray puts a lazy ``ray`` in sys.modules; the switch imports a submodule of it,
+    and on Python 3.11 that once left ``ray._private`` without ``worker`` (ray.init failed).
+    A fresh interpreter, since this one has long loaded ray; this module's imports are the
+    order that showed it."""
+    import subprocess
+    import sys
+
+    check = ("import sys, test_flows\n"
+             "from flows.ray_cluster import loopback_only\n"
+             "with loopback_only(): pass\n"
+             "import ray\n"
+             "assert not ray.is_initialized() and 'worker' in vars(sys.modules['ray._private'])\n")
+    done = subprocess.run([sys.executable, "-c", check], cwd=Path(__file__).parent, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def tables(settings) -> pl.DataFrame:
@@ -131,10 +162,11 @@ def killing_the_first(marker: str) -> Iterator[list[int]]:
     """While the block runs, SIGKILL the first process whose command line names ``marker``
     (Ray titles a busy worker ``ray::<task>`` or ``<Actor>.<method>``); yields the killed pids."""
     killed: list[int] = []
+    done = threading.Event()
 
     def kill() -> None:
         deadline = time.monotonic() + 300
-        while not killed and time.monotonic() < deadline:
+        while not killed and not done.is_set() and time.monotonic() < deadline:
             for process in psutil.process_iter(["pid", "cmdline"]):
                 if any(marker in part for part in process.info["cmdline"] or ()):
                     process.kill()
@@ -144,8 +176,11 @@ def killing_the_first(marker: str) -> Iterator[list[int]]:
 
     killer = threading.Thread(target=kill, daemon=True)
     killer.start()
-    yield killed
-    killer.join(5)
+    try:
+        yield killed
+    finally:
+        done.set()
+        killer.join(5)
 
 
 def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
@@ -209,11 +244,16 @@ def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluste
         ray.shutdown()
 
 
-def test_evaluate_on_ray_gives_the_same_report(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
+def test_evaluate_on_ray_gives_the_same_report_through_a_killed_split(ray_cluster, tiny_model_dir, tmp_path,
+                                                                     on_one_machine):
+    """Each split is a Ray task that runs Prefect's task engine. SIGKILL the first one: Ray
+    runs it again (as a shard's, ``shard_resources``), and the report is the one machine's."""
     config = on_one_machine["config"]
     checkpoint = str(max(RunPaths.of(load_settings(config)).checkpoints.glob("ckpt-*")))
     here = evaluate(config, checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "thread"))
-    there = evaluate([*config, *on(ray_cluster)], checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "ray"))
+    with killing_the_first("ray::evaluate-checkpoint") as killed:
+        there = evaluate([*config, *on(ray_cluster)], checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "ray"))
+    assert killed, "no evaluation split was seen running on Ray"
     assert here["metrics"] == there["metrics"] and here["metrics"]
     for split in ("train", "held_out"):
         assert_same_tables(*(pl.read_parquet(tmp_path / name / f"{split}.parquet") for name in ("ray", "thread")))
@@ -236,6 +276,87 @@ def test_a_wrong_address_fails_at_once_naming_the_key(tiny_model_dir, tmp_path):
                         "flow.ray.connect_timeout_seconds=2"))
     assert time.monotonic() - started < 30
     assert not (Path(tmp_path) / "runs").exists() or not any((Path(tmp_path) / "runs").rglob("ckpt-*"))
+
+
+@contextlib.contextmanager
+def node_without(hidden: Path) -> Iterator[str]:
+    """A one-node Ray cluster on 127.0.0.1 whose node sees an empty directory at ``hidden``
+    (a mount namespace of its own: the node that forgot to mount the shared storage);
+    yields its address, and kills every process of the namespace after. Its Ray files go to
+    a temporary directory of its own, so this machine's default cluster address is untouched."""
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from conftest import free_port
+
+    unshare, mount = shutil.which("unshare"), f"mount -t tmpfs none {shlex.quote(str(hidden))}"
+    probe = unshare and subprocess.run([unshare, "--mount", "sh", "-c", mount], check=False, capture_output=True,
+                                       text=True)
+    if not probe or probe.returncode != 0:
+        pytest.skip(f"no mount namespace with a tmpfs here: {probe.stderr.strip() if probe else 'no unshare'}")
+    port, ray_files = free_port(), Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths
+    ray_cli = shlex.quote(str(Path(sys.executable).with_name("ray")))
+    start = (f"{mount} && exec {ray_cli} start --head --block --port={port} --num-cpus=1 --node-ip-address=127.0.0.1 "
+             f"--temp-dir={ray_files} --include-dashboard=false --disable-usage-stats")
+    # its servers on 127.0.0.1 only; no token authentication (`ray start` turns it on when
+    # ~/.ray/auth_token exists, which a local Ray of an earlier test writes, and a driver
+    # connects to such a cluster only with RAY_AUTH_MODE=token); its "started" line reaches the log at once
+    env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    log = hidden.parent / "ray-head.log"
+    with log.open("w") as out:
+        head = subprocess.Popen([unshare, "--mount", "--propagation", "private", "sh", "-c", start], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    mine, namespace = os.readlink("/proc/self/ns/mnt"), None
+    try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in log.read_text():
+            assert head.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the Ray head did not start in 120 s"
+            time.sleep(0.2)
+        namespace = os.readlink(f"/proc/{head.pid}/ns/mnt")  # read once it serves: unshare has run
+        assert namespace != mine
+        yield f"127.0.0.1:{port}"
+    finally:
+        def in_namespace() -> list[psutil.Process]:
+            found = []
+            for process in psutil.process_iter():
+                with contextlib.suppress(OSError, psutil.Error):
+                    if namespace not in (None, mine) and os.readlink(f"/proc/{process.pid}/ns/mnt") == namespace:
+                        found.append(process)
+            return found
+
+        # Ray's daemons leave the head's process tree; the namespace holds them all (until it is empty:
+        # a raylet may start a worker while the pass runs)
+        with contextlib.suppress(psutil.Error):
+            head_process = psutil.Process(head.pid)
+            for process in [head_process, *head_process.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        deadline = time.monotonic() + 30
+        while (left := in_namespace()) and time.monotonic() < deadline:
+            for process in left:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            time.sleep(0.1)
+        head.wait(30)
+        shutil.rmtree(ray_files, ignore_errors=True)
+
+
+def test_a_node_that_cannot_see_the_shared_root_is_named_before_any_work(tiny_model_dir, tmp_path):
+    from flows.ray_cluster import loopback_only
+
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    with loopback_only(), node_without(artifacts) as address:
+        started = time.monotonic()
+        seen = re.escape(f"node 127.0.0.1: cannot see {artifacts.resolve()} (paths.artifacts), the shared root")
+        with pytest.raises(ClusterError, match=f"^the Ray cluster cannot run this flow: {seen}"):
+            train(overrides(tiny_model_dir, artifacts, "flow.runner=ray", f"flow.ray.address={address}"))
+        assert time.monotonic() - started < 60
+    assert not any((artifacts / "runs").rglob("ckpt-*")) and not any((artifacts / "runs").rglob("*.parquet"))
 
 
 def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, tmp_path, on_one_machine):
