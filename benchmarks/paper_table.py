@@ -18,7 +18,7 @@ others, over N = 3 episodes.
 Then two of the paper's ablations at MAGE's chosen rate (``--ablation-game``): groups that mix
 opponents (``algo.grouping=mixed``) and a local anchor (``algo.anchor=local``).
 
-    python benchmarks/paper_table.py                      # the default invocation (about 1 h 50 min here)
+    python benchmarks/paper_table.py                      # the default invocation (96 min here)
     python benchmarks/paper_table.py --games kuhn_poker --algos mage grpo --seeds 0
     python benchmarks/paper_table.py --jobs 8 --threads 2 # runs in parallel (a machine with cores)
     python benchmarks/paper_table.py --smoke              # CI: the smallest setting
@@ -66,8 +66,8 @@ class Scale:
     learning_rates: tuple[float, ...]
 
 
-# Measured in parts on 2 cores (BENCHMARKS.md, "The budget"): Kuhn Poker 35 min, Tic-Tac-Toe
-# and Sokoban 52-62 min, the three builds 12 min: under 2 hours. Cut from the lifecycle
+# The default invocation took 96 min in one call on 2 cores (BENCHMARKS.md, "The budget"): the
+# 40 runs 83 min, the three builds and the rest 13 min. Cut from the lifecycle
 # defaults: iterations (Kuhn 20 -> 10, Tic-Tac-Toe 5 -> 3), groups (16 -> 6 on the two long
 # games) and evaluated meta-episodes.
 SCALES = {
