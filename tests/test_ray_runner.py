@@ -124,6 +124,13 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
         assert torch.equal(tensor, b[name]), name
 
 
+def assert_same_run(config: list[str], reference: dict) -> None:
+    """The run of ``config`` left the reference run's tables and final weights."""
+    settings = load_settings(config)
+    assert_same_tables(tables(settings), reference["tables"])
+    assert_same_weights(final_weights(settings), reference["weights"])
+
+
 @pytest.fixture(scope="module")
 def on_one_machine(tiny_model_dir, tmp_path_factory):
     """The reference: the same run with two shards on the thread runner."""
@@ -138,10 +145,7 @@ def test_train_on_ray_gives_the_thread_runner_s_table_and_weights(ray_cluster, t
     config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster))
     state = train(config, return_state=True)
     assert state.is_completed()
-    settings = load_settings(config)
-    mine = tables(settings)
-    assert_same_tables(mine, on_one_machine["tables"])
-    assert_same_weights(final_weights(settings), on_one_machine["weights"])
+    assert_same_run(config, on_one_machine)
     runs = task_runs(state)
     assert {runs[f"rollout-{i}-shard-{s}"].state.name for i in (1, 2) for s in (0, 1)} == {"Completed"}
 
@@ -195,9 +199,7 @@ def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_
     shards = {name: run for name, run in runs.items() if name.startswith("rollout-")}
     assert sorted(run.run_count for run in shards.values()) == [1, 1, 1, 2], {n: r.run_count for n, r in shards.items()}
     assert all(run.run_count == 1 for name, run in runs.items() if name not in shards)  # nothing else ran twice
-    settings = load_settings(config)
-    assert_same_tables(tables(settings), on_one_machine["tables"])
-    assert_same_weights(final_weights(settings), on_one_machine["weights"])
+    assert_same_run(config, on_one_machine)
 
 
 def test_per_task_workers_survive_a_killed_task_process(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
@@ -209,9 +211,7 @@ def test_per_task_workers_survive_a_killed_task_process(ray_cluster, tiny_model_
         state = train(config, return_state=True)
     assert killed, "no shard task was seen running"
     assert state.is_completed()
-    settings = load_settings(config)
-    assert_same_tables(tables(settings), on_one_machine["tables"])
-    assert_same_weights(final_weights(settings), on_one_machine["weights"])
+    assert_same_run(config, on_one_machine)
 
 
 def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluster):
@@ -372,6 +372,5 @@ def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, 
                           timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Creating a local Ray instance" in done.stderr + done.stdout
-    assert_same_weights(final_weights(load_settings(config)), on_one_machine["weights"])
-    assert_same_tables(tables(load_settings(config)), on_one_machine["tables"])
+    assert_same_run(config, on_one_machine)
 

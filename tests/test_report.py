@@ -215,12 +215,14 @@ def test_wilson_agrees_with_scipy_and_the_bootstrap_covers_the_mean():
     assert 0.88 <= covered / 200 <= 0.99
 
 
+#: Twelve meta-episodes against B, one group each: the final episode's return of meta-episode
+#: m (wins when positive), after a first episode lost at -5.
+FINAL_RETURNS = [float((m * 7) % 11 - 5) for m in range(12)]
+
+
 def _many_groups_table():
-    """Twelve meta-episodes against B, one group each: a first episode lost, a final one that
-    pays (m * 7) % 11 - 5 (wins when positive)."""
     rows = []
-    for meta in range(12):
-        final = float((meta * 7) % 11 - 5)
+    for meta, final in enumerate(FINAL_RETURNS):
         rows += [row(meta, "B", meta % 2, [Q, K], 1, 1, ret=-5, won=False),
                  row(meta, "B", meta % 2, [Q, K], 2, 1, ret=final, won=final > 0)]
     return rows
@@ -240,7 +242,7 @@ def test_report_intervals_follow_from_the_groups_not_from_the_row_order(order):
     rows = _many_groups_table()
     report = build_report({"train": from_rows([rows[i] for i in order])}, MANIFEST, {"checkpoint": "c"}, episodes=2)
     pooled = next(r for r in report["splits"]["train"]["opponents"] if r["opponent"] == "all")
-    finals = [float((meta * 7) % 11 - 5) for meta in range(12)]  # group 0, 1, ... 11
+    finals = FINAL_RETURNS  # group 0, 1, ... 11
     assert pooled["final_mean_return_ci"] == list(group_bootstrap(finals, np.ones(12)))
     assert pooled["return_gain_ci"] == list(group_bootstrap([f + 5 for f in finals], np.ones(12)))
     wins = [float(f > 0) for f in finals]
