@@ -31,6 +31,7 @@ def test_the_readme_names_the_two_commands_and_ci_runs_the_test_command():
         ("train.learning_rate=fast", "train.learning_rate: must be a valid number"),
         ("engine.context_mode=everything", "engine.context_mode: must be 'reflection_only'"),
         ("algo.norm_scope=world", "algo.norm_scope: must be 'group' or 'opponent'"),
+        ("algo.episode_baseline=per_turn", "algo.episode_baseline: must be 'pooled' or 'per_episode'"),
         ("+game.params.turn_limt=3", r"game.params: unknown key\(s\) \['turn_limt'\].*turn_limit"),
         ("flow.runner=dask", "flow.runner: must be 'thread', 'process', 'sequential' or 'ray'"),
         ("flow.nightly_cron='at two'", "five-field cron"),

@@ -136,6 +136,48 @@ def test_mean_std_norm_and_per_opponent_scope():
     assert got == pytest.approx(expected)
 
 
+def test_per_episode_baseline_by_hand():
+    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, episode_baseline="per_episode")
+    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    # s = D + penalty as above. A, episode 1: -6, -5, 5 (mean -2); A, episode 2: 10, 10 (mean 10);
+    # B, episode 1: -10 alone; B, episode 2: -1, 0 (mean -0.5). The pooled baseline put every
+    # call of A's episode 1 below A's mean of 2.8; here none of A's episodes has a sign.
+    assert column(t, "advantage_episode") == pytest.approx([-4, -3, 0, 0, 7, 0, -0.5, 0.5])
+    # the step term does not depend on it
+    assert column(t, "advantage_step") == pytest.approx([-4.8125, -5.0625, 0, 7.4375, 2.4375, -5, 0, 5])
+
+
+@given(st.lists(st.tuples(st.sampled_from("AB"), st.lists(st.tuples(st.sampled_from([-10.0, 0.0, 10.0]), st.booleans()),
+                                                         min_size=1, max_size=3)), min_size=1, max_size=8),
+       st.sampled_from(["mean_norm", "mean_std_norm"]))
+@settings(max_examples=60, deadline=None)
+def test_per_episode_baseline_against_a_second_implementation(metas, norm):
+    """Random meta-episodes (opponent; per episode its return and whether its first call was
+    invalid): the episode term equals (s - mean) [/ (std + eps)] over the calls of the same
+    group and episode number, computed here with plain Python."""
+    rows = []
+    for meta, (opponent, episodes) in enumerate(metas):
+        for n, (ret, invalid) in enumerate(episodes, start=1):
+            if n > 1:
+                rows.append(row(meta, opponent, n, 0, ret=ret, phase="reflect", observation="end"))
+            rows.append(row(meta, opponent, n, 1, ret=ret, valid=not invalid))
+            rows.append(row(meta, opponent, n, 2, ret=ret, done=True, observation="s1"))
+    cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, norm=norm, episode_baseline="per_episode")
+    t = add_advantages(add_returns(from_rows(rows), cfg), cfg).sort("meta_id", "episode", "turn")
+    cells: dict[tuple, list[float]] = {}
+    for r in t.iter_rows(named=True):
+        cells.setdefault((r["opponent"], r["episode"]), []).append(r["episode_score"])
+    expected = []
+    for r in t.iter_rows(named=True):
+        scores = cells[(r["opponent"], r["episode"])]
+        mean = sum(scores) / len(scores)
+        centred = r["episode_score"] - mean
+        if norm == "mean_std_norm":
+            centred /= (sum((x - mean) ** 2 for x in scores) / len(scores)) ** 0.5 + 1e-6
+        expected.append(centred)
+    assert t["advantage_episode"].to_list() == pytest.approx(expected, abs=1e-6)
+
+
 def test_grpo_baseline_by_hand():
     cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, estimator="grpo", norm="mean_std_norm")
     t = add_advantages(add_returns(TABLE, cfg), cfg)

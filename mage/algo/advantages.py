@@ -24,6 +24,13 @@ group and its anchors are keyed by the initial state and seat alone.
 term's mean and std are taken over every call against opponent m in the batch instead of
 over the group (the step term's anchors already include the opponent).
 
+``episode_baseline: per_episode`` takes the episode term's mean and std over the scope's
+calls of the same episode number only. Pooled (the spec), the baseline is one number for
+calls that expect very different scores: under the differential reward with early stop, an
+episode after a loss scores R_n + 10 >= 0, so every call of episode 1 starts far below the
+mean. Both are valid baselines (neither depends on the call's own reply); the per-episode
+one leaves no episode with a systematic sign.
+
 **GRPO** (``estimator: grpo``), the baseline: every call of a meta-episode gets
 (S - mean_g S) / (std_g + eps), S being the meta-episode's summed reward and the
 statistics taken over the group's meta-episodes (or the mean-only version with
@@ -61,6 +68,8 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
     table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
     group = GROUP if cfg.grouping == "stationary" else [c for c in GROUP if c != "opponent"]
     scope = group if cfg.norm_scope == "group" else [*RUN, "opponent"]
+    if cfg.episode_baseline == "per_episode" and cfg.estimator == "gigpo":
+        scope = [*scope, "episode"]
     if cfg.estimator == "grpo":
         # Statistics over meta-episodes (trajectories), not over their calls.
         per_meta = (

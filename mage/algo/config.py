@@ -12,9 +12,10 @@ Estimator = Literal["gigpo", "grpo"]
 Anchor = Literal["global", "local"]
 Norm = Literal["mean_norm", "mean_std_norm"]
 NormScope = Literal["group", "opponent"]
+EpisodeBaseline = Literal["pooled", "per_episode"]
 Grouping = Literal["stationary", "mixed"]
-OBJECTIVES, ESTIMATORS, ANCHORS, NORMS, SCOPES, GROUPINGS = (
-    get_args(t) for t in (Objective, Estimator, Anchor, Norm, NormScope, Grouping)
+OBJECTIVES, ESTIMATORS, ANCHORS, NORMS, SCOPES, GROUPINGS, EPISODE_BASELINES = (
+    get_args(t) for t in (Objective, Estimator, Anchor, Norm, NormScope, Grouping, EpisodeBaseline)
 )
 
 Discount = Annotated[float, Field(ge=0, le=1)]
@@ -37,6 +38,9 @@ class AlgoConfig:
     anchor: Anchor = "global"  # episode index part of the step anchor (local) or not (global)
     norm: Norm = "mean_norm"
     norm_scope: NormScope = "group"  # group: per (seed, seat, opponent); opponent: per opponent over the batch
+    # pooled: the episode term's mean (and std) over every call of the scope (MAGE-SPEC); per_episode:
+    # over the scope's calls of the same episode number, a baseline that depends on the episode
+    episode_baseline: EpisodeBaseline = "pooled"
     # stationary: a group's meta-episodes face one opponent; mixed: the paper's ablation, a group's
     # members face opponents drawn across the population (same initial state and seat)
     grouping: Grouping = "stationary"
