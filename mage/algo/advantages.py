@@ -28,8 +28,10 @@ over the group (the step term's anchors already include the opponent).
 calls of the same episode number only. Pooled (the spec), the baseline is one number for
 calls that expect very different scores: under the differential reward with early stop, an
 episode after a loss scores R_n + 10 >= 0, so every call of episode 1 starts far below the
-mean. Both are valid baselines (neither depends on the call's own reply); the per-episode
-one leaves no episode with a systematic sign.
+mean. Both are baselines in the policy-gradient sense (neither depends on the call's reply
+beyond its own share of the mean, as in GRPO); the per-episode one leaves no episode with a
+systematic sign (BENCHMARKS.md, "Why Tic-Tac-Toe unlearned"). GRPO ignores it: its
+statistics are over whole meta-episodes.
 
 **GRPO** (``estimator: grpo``), the baseline: every call of a meta-episode gets
 (S - mean_g S) / (std_g + eps), S being the meta-episode's summed reward and the
@@ -68,7 +70,7 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
     table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
     group = GROUP if cfg.grouping == "stationary" else [c for c in GROUP if c != "opponent"]
     scope = group if cfg.norm_scope == "group" else [*RUN, "opponent"]
-    if cfg.episode_baseline == "per_episode" and cfg.estimator == "gigpo":
+    if cfg.episode_baseline == "per_episode" and cfg.estimator == "gigpo":  # GRPO has no per-call term
         scope = [*scope, "episode"]
     if cfg.estimator == "grpo":
         # Statistics over meta-episodes (trajectories), not over their calls.
