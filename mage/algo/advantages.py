@@ -70,8 +70,6 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
     table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
     group = GROUP if cfg.grouping == "stationary" else [c for c in GROUP if c != "opponent"]
     scope = group if cfg.norm_scope == "group" else [*RUN, "opponent"]
-    if cfg.episode_baseline == "per_episode" and cfg.estimator == "gigpo":  # GRPO has no per-call term
-        scope = [*scope, "episode"]
     if cfg.estimator == "grpo":
         # Statistics over meta-episodes (trajectories), not over their calls.
         per_meta = (
@@ -86,6 +84,8 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
             .sort(ORDER)
         )
 
+    if cfg.episode_baseline == "per_episode":
+        scope = [*scope, "episode"]
     anchor = pl.when(pl.col("phase") == "play").then(pl.col("observation")).otherwise(pl.lit("<reflection>"))
     anchor_key = [*group, "_anchor"] + (["episode"] if cfg.anchor == "local" else [])
     return (

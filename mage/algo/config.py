@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass as validated_dataclass
@@ -14,9 +14,6 @@ Norm = Literal["mean_norm", "mean_std_norm"]
 NormScope = Literal["group", "opponent"]
 EpisodeBaseline = Literal["pooled", "per_episode"]
 Grouping = Literal["stationary", "mixed"]
-OBJECTIVES, ESTIMATORS, ANCHORS, NORMS, SCOPES, GROUPINGS, EPISODE_BASELINES = (
-    get_args(t) for t in (Objective, Estimator, Anchor, Norm, NormScope, Grouping, EpisodeBaseline)
-)
 
 Discount = Annotated[float, Field(ge=0, le=1)]
 NonNegative = Annotated[float, Field(ge=0)]
