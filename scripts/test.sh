@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh, plus Debian's chromium for the UI end-to-end test) and run the
-# whole test suite. Extra arguments go to pytest.
+# whole test suite. Extra arguments go to pytest (`-n 0` runs it in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -15,4 +15,8 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 . .venv/bin/activate
-python -m pytest "$@"
+# Two pytest-xdist workers, a test file each at a time: most of the suite's time is one process
+# waiting on another (a flow's imports, a Prefect server, DVC, vLLM's engine), so a second worker
+# uses the second core; whole files keep a module's fixture (the DVC clone, a Ray cluster, the
+# vLLM engine) in one worker, and the Ray tests that kill a worker by name see only their own.
+python -m pytest -n 2 --dist loadfile "$@"
