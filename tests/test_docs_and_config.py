@@ -46,9 +46,14 @@ def test_a_wrong_key_or_value_names_the_key_and_what_is_allowed(override, messag
 
 def test_every_preset_and_the_paper_experiment_compose():
     for overrides in ([], ["game=tic_tac_toe"], ["game=sokoban"], ["model=qwen3_4b"], ["model=qwen2_5_0_5b"],
-                      ["algo=grpo"], ["algo=lamer"], ["algo=gigpo"], ["+experiment=paper"]):
+                      ["algo=grpo"], ["algo=lamer"], ["algo=gigpo"], ["+experiment=paper"],
+                      ["+experiment=tic_tac_toe_long"]):
         settings = load_settings(overrides)
         assert settings.run_name
+    # the long Tic-Tac-Toe run is the game's tiny preset (its warm start and baseline), longer
+    long, default = load_settings(["+experiment=tic_tac_toe_long"]), load_settings(["game=tic_tac_toe"])
+    assert (long.game.name, long.train.iterations, long.eval.meta_episodes) == ("tic_tac_toe", 20, 512)
+    assert (long.model, long.algo, long.population) == (default.model, default.algo, default.population)
     paper = load_settings(["+experiment=paper"])
     assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.rollout.group_size) == (
         "qwen3_4b", "vllm", 16, 8)
