@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,11 @@ def test_every_preset_and_the_paper_experiment_compose():
         settings = load_settings(overrides)
         assert settings.run_name
     # the long Tic-Tac-Toe run is the game's tiny preset (its warm start and baseline), longer
+    # and with a five-times KL penalty
     long, default = load_settings(["+experiment=tic_tac_toe_long"]), load_settings(["game=tic_tac_toe"])
     assert (long.game.name, long.train.iterations, long.eval.meta_episodes) == ("tic_tac_toe", 20, 512)
-    assert (long.model, long.algo, long.population) == (default.model, default.algo, default.population)
+    assert (long.model, long.population) == (default.model, default.population)
+    assert (default.algo.kl_coef, long.algo) == (0.1, dataclasses.replace(default.algo, kl_coef=0.5))
     paper = load_settings(["+experiment=paper"])
     assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.rollout.group_size) == (
         "qwen3_4b", "vllm", 16, 8)
