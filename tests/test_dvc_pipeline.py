@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 OVERRIDES = [
     "model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64", "model.tiny.vocab_size=512",
     "model.tiny.corpus_meta_episodes=8", "model.tiny.bc_meta_episodes=32", "model.tiny.bc_steps=2", "model.tiny.bc_short_steps=2",
-    # the warm start's check on two meta-episodes per split of short replies, as in the games'
-    # end-to-end tests: at its default size (64, 128 tokens) it was most of the build's time
+    # the warm start's check on two meta-episodes per split of short replies, cut as the games'
+    # end-to-end tests cut it: at its default size (64, 128 tokens) it was most of the build's time
     "model.tiny.check_meta_episodes=2", "model.tiny.check_sampling.max_new_tokens=8",
     "train.iterations=1", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
     "engine.sampling.max_new_tokens=8", "eval.meta_episodes=4", "eval.episodes=2",
