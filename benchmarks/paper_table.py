@@ -35,6 +35,7 @@ import json
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -166,15 +167,33 @@ def train_and_evaluate(spec: RunSpec, threads: int, out: Path) -> dict[str, Any]
 
 
 # -- the driver -----------------------------------------------------------------------------
+def _exit_with_parent(parent: int) -> None:
+    """A worker's initializer: end the worker once its parent is gone. A killed driver (SIGTERM,
+    SIGKILL) runs no clean-up, and a worker would otherwise finish its run (up to an hour) with
+    nobody to hand the result to."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def worker_pool(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
+    """``jobs`` worker processes, spawned (no forked torch or tokenizer threads), that end with
+    this process."""
+    return concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_exit_with_parent, initargs=(os.getpid(),))
+
+
 class Runner:
     """Runs specs in this process or in ``jobs`` worker processes, keeping each result."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.results_dir = args, args.out / "runs"
         self.results_dir.mkdir(parents=True, exist_ok=True)
-        self.pool = None
-        if args.jobs > 1:  # spawn: no forked torch or tokenizer threads
-            self.pool = concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
+        self.pool = worker_pool(args.jobs) if args.jobs > 1 else None
 
     def kept(self, spec: RunSpec) -> dict[str, Any] | None:
         path = self.results_dir / f"{spec.name}.json"

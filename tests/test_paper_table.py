@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -53,6 +54,35 @@ def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
     trained = [line for line in again.stderr.splitlines() if ": trained " in line]
     assert len(trained) == 1 and trained[0].startswith(f"# {lost}: trained")
     assert (out / "runs" / f"{lost}.json").is_file()
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_workers_end_with_a_killed_driver(tmp_path):
+    """A driver killed mid-run (SIGKILL: no clean-up of its own runs) leaves no worker running."""
+    driver = (f"import os, sys, time; sys.path.insert(0, {str(BENCHMARKS)!r}); from paper_table import worker_pool\n"
+              "pool = worker_pool(1)\n"
+              "print(pool.submit(os.getpid).result(), flush=True)\n"
+              "pool.submit(time.sleep, 600); time.sleep(1); os.kill(os.getpid(), 9)\n")
+    # to a file, not a pipe: a worker left behind would hold a pipe open, and the run would wait
+    printed = tmp_path / "printed"
+    with printed.open("w") as out:
+        done = subprocess.run([sys.executable, "-c", driver], stdout=out, stderr=subprocess.STDOUT, timeout=120,
+                              check=False)
+    assert done.returncode == -9, printed.read_text()[-3000:]
+    worker = int(printed.read_text().split()[0])
+    deadline = time.monotonic() + 30
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _running(worker)
 
 
 @pytest.fixture(scope="module")
