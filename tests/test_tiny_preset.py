@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -16,7 +17,7 @@ SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.int
          "model.tiny.bc_steps=2", "model.tiny.bc_short_steps=2", "model.tiny.check_meta_episodes=2"]
 
 
-def test_build_gives_an_ordinary_model_directory(tmp_path):
+def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
     settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}"])
     directory = build_tiny(settings, progress=False)
     assert directory == tmp_path / "models" / "tiny-kuhn_poker"
@@ -45,6 +46,17 @@ def test_build_gives_an_ordinary_model_directory(tmp_path):
     # The same seed builds the same weights: a preset is reproducible from its config.
     again = build_tiny(settings, tmp_path / "again", progress=False)
     assert (again / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()
+
+    # A preset already there is used as it is; built with other model.tiny settings, it is still
+    # used (reuse can be on purpose), and a warning names what differs.
+    weights = (directory / "model.safetensors").read_bytes()
+    with caplog.at_level(logging.WARNING, logger="mage.models.policy"):
+        assert ensure_model(settings, progress=False) == str(directory)
+        assert not caplog.records
+        changed = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.tiny.bc_steps=3", "model.tiny.seed=7"])
+        assert ensure_model(changed, progress=False) == str(directory)
+    assert [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records] == ["bc_steps 2 -> 3, seed 0 -> 7"]
+    assert (directory / "model.safetensors").read_bytes() == weights
 
 
 def test_a_hub_preset_loads_from_a_local_directory(tiny_model_dir, tmp_path):

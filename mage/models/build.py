@@ -198,6 +198,21 @@ def population_manifest(settings: Settings) -> dict[str, Any]:
     return seed_population(settings.raw, progress=False)
 
 
+def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tuple[Any, Any]]:
+    """The ``model.tiny`` settings that differ between the preset already in ``directory`` (its
+    ``preset.json``) and ``build``, as ``{key: (built, asked)}``; empty when they agree or when
+    the directory records none (a model saved by hand, or a hub model)."""
+    try:
+        built = json.loads((Path(directory) / "preset.json").read_text())["build"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(built, dict):
+        return {}
+    asked = json.loads(json.dumps(dataclasses.asdict(build)))  # tuples as lists, as preset.json has them
+    return {key: (built.get(key), asked.get(key)) for key in sorted(set(built) | set(asked))
+            if built.get(key) != asked.get(key)}
+
+
 def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> Path:
     """Build the tiny preset of ``settings.model`` for ``settings``'s game into ``out_dir``
     (default ``model.path``), atomically: tokenizer, seeded model, behaviour cloning of the

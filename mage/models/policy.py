@@ -7,6 +7,7 @@ or an existing adapter (a LoRA checkpoint) is loaded onto the base model.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,10 +88,17 @@ def ensure_model(settings: Settings, progress: bool = True) -> str:
     cache) unless it is already there. Either way the result loads with ``from_pretrained``."""
     model = settings.model
     if model.build == "tiny":
-        if not (Path(model.path) / "config.json").is_file():
-            from mage.models.build import build_tiny
+        from mage.models.build import build_differences, build_tiny
 
+        if not (Path(model.path) / "config.json").is_file():
             build_tiny(settings, progress=progress)
+        elif differences := build_differences(model.path, model.tiny):
+            # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a
+            # smoke run, a preset copied in to skip its build). DVC's stage rebuilds on its own.
+            changes = ", ".join(f"{key} {built!r} -> {asked!r}" for key, (built, asked) in differences.items())
+            logging.getLogger(__name__).warning(
+                f"{model.path}: the tiny preset there was built with other model.tiny settings ({changes}); "
+                "it is used as it is. Remove the directory, or set model.path elsewhere, to build it anew.")
         return model.path
     if Path(model.path).is_dir():
         return model.path
