@@ -1,0 +1,137 @@
+"""Does the tiny architecture learn a Sokoban move from the board? (issue 15, item 3)
+
+Apart from the protocol: a fresh tiny model (``params/model/tiny.yaml``'s shape, or
+``--hidden-size``/``--layers``) is cloned on the play calls of scripted players on Sokoban's
+training levels, on each prompt's last ``--context-tokens`` tokens (the board block, as the
+build's short phase), ``--rows`` calls a step at ``--learning-rate`` (the build's step,
+``mage.models.build``). Every ``--every`` steps it is scored on the optimal solver's play calls
+of other levels: how often its most likely first move (of the four directions, after
+``<action>``) is the solver's, and the negative log-likelihood of the solver's move. Chance is
+a quarter and ln 4 = 1.386; a model that reads only the walls around the player does better.
+
+    python benchmarks/sokoban_board.py                          # 1500 steps at 1e-3 (about 20 min here)
+    python benchmarks/sokoban_board.py --steps 200 --every 50   # a quick look
+
+Prints a Markdown table row per score (paste it into BENCHMARKS.md with the machine line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+import polars as pl
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DIRECTIONS = ("up", "down", "left", "right")
+
+
+def play_calls(rule: str, meta_episodes: int, seed: int) -> pl.DataFrame:
+    from mage.config import compose
+    from mage.models.build import WARM_START_ROLLOUT
+    from mage.models.tiny import scripted_tables
+
+    spec = "solver" if rule == "solver" else {"rule": "wanderer", "solver_probability": 0.75}
+    table = scripted_tables(compose(["game=sokoban"]), [spec], meta_episodes, seed, False, WARM_START_ROLLOUT)
+    return table.filter(pl.col("phase") == "play")
+
+
+def first_move(response: str) -> int:
+    """The first direction of a scripted reply (``<action>left, up</action>``)."""
+    return DIRECTIONS.index(response.split("<action>", 1)[1].split("</action>", 1)[0].split(",")[0].strip())
+
+
+@torch.no_grad()
+def score(model, prompts: list[list[int]], moves: list[int], direction_ids: list[int], pad_id: int) -> tuple[float, float]:
+    """First-move accuracy and mean NLL of the solver's first move (over the four directions)."""
+    model.eval()
+    hits = nll = 0.0
+    for start in range(0, len(prompts), 128):
+        chunk = prompts[start : start + 128]
+        width = max(map(len, chunk))
+        ids = torch.full((len(chunk), width), pad_id)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(chunk):  # left-padded: the next token is at the last position
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, direction_ids]
+        logprobs = torch.log_softmax(logits.float(), -1)
+        truth = torch.tensor(moves[start : start + 128])
+        hits += float((logprobs.argmax(-1) == truth).sum())
+        nll += float(-logprobs.gather(1, truth[:, None]).sum())
+    model.train()
+    return hits / len(prompts), nll / len(prompts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--rows", type=int, default=64, help="calls per optimizer step")
+    parser.add_argument("--label", choices=("solver", "wanderer"), default="solver", help="the player cloned")
+    parser.add_argument("--meta-episodes", type=int, default=2048, help="cloned meta-episodes (4 share a level)")
+    parser.add_argument("--context-tokens", type=int, default=128)
+    parser.add_argument("--hidden-size", type=int, help="default: params/model/tiny.yaml")
+    parser.add_argument("--layers", type=int, help="default: params/model/tiny.yaml")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    from mage.backends.chat import format_prompt
+    from mage.games import GAMES, make_game
+    from mage.models.build import _bc_step, corpus
+    from mage.models.tiny import random_model, train_tokenizer
+    from mage.settings import load_settings
+
+    torch.set_num_threads(args.threads)
+    build = load_settings(["game=sokoban"]).model.tiny
+    hidden, layers = args.hidden_size or build.hidden_size, args.layers or build.num_layers
+    started = time.perf_counter()
+    tokenizer = train_tokenizer(corpus(build, False), vocab_size=build.vocab_size,
+                                whole=[name for game in GAMES for name in make_game(game).action_names])
+    train = play_calls(args.label, args.meta_episodes, 101)
+    held_out = play_calls("solver", 1024, 9001)  # other seeds: other levels (the overlap is printed)
+    overlap = set(train["initial_state"].to_list()) & set(held_out["initial_state"].to_list())
+
+    def encode(prompts: list[str]) -> list[list[int]]:
+        return [tokenizer(format_prompt(tokenizer, p), add_special_tokens=False)["input_ids"][-args.context_tokens :]
+                for p in prompts]
+
+    prompts = encode(train["prompt"].to_list())
+    responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in train["response"].to_list()]
+    action = tokenizer.convert_tokens_to_ids("<action>")
+    test_prompts = [p + [action] for p in encode(held_out["prompt"].to_list())]
+    test_moves = [first_move(r) for r in held_out["response"].to_list()]
+    direction_ids = tokenizer.convert_tokens_to_ids(list(DIRECTIONS))
+    model = random_model(tokenizer, hidden_size=hidden, num_layers=layers, num_heads=build.num_heads,
+                         num_kv_heads=build.num_kv_heads, intermediate_size=3 * hidden,
+                         max_position_embeddings=build.max_position_embeddings, seed=build.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    majority = np.bincount(test_moves, minlength=4).max() / len(test_moves)
+    print(f"# {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads; "
+          f"{hidden} wide, {layers} layers, {sum(p.numel() for p in model.parameters())} parameters; "
+          f"cloned: {train.height} {args.label} calls on {train['initial_state'].n_unique()} levels; scored: "
+          f"{held_out.height} solver calls on {held_out['initial_state'].n_unique()} levels ({len(overlap)} shared); "
+          f"the commonest first move {majority:.3f}; data and tokenizer {time.perf_counter() - started:.0f} s")
+    print("| steps | training loss (per reply token) | first move = solver's | NLL of the solver's move | seconds |")
+    print("|---|---|---|---|---|")
+    order = np.random.default_rng(0).permutation(len(prompts)).tolist()
+    losses, started = [], time.perf_counter()
+    for step in range(1, args.steps + 1):
+        begin = (step - 1) * args.rows % len(order)
+        rows = (order + order)[begin : begin + args.rows]
+        losses.append(_bc_step(model, optimizer, prompts, responses, rows, tokenizer.pad_token_id))
+        if step % args.every == 0:
+            accuracy, nll = score(model, test_prompts, test_moves, direction_ids, tokenizer.pad_token_id)
+            print(f"| {step} | {np.mean(losses[-args.every:]):.3f} | {accuracy:.3f} | {nll:.3f} | "
+                  f"{time.perf_counter() - started:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
