@@ -9,7 +9,7 @@ of other levels: how often its most likely first move (of the four directions, a
 ``<action>``) is the solver's, and the negative log-likelihood of the solver's move. Chance is
 a quarter and ln 4 = 1.386; a model that reads only the walls around the player does better.
 
-    python benchmarks/sokoban_board.py                          # 1500 steps at 1e-3 (about 20 min here)
+    python benchmarks/sokoban_board.py                          # 1500 steps at 1e-3 (about half an hour here)
     python benchmarks/sokoban_board.py --steps 200 --every 50   # a quick look
 
 Prints a Markdown table row per score (paste it into BENCHMARKS.md with the machine line).
