@@ -35,7 +35,6 @@ import json
 import multiprocessing
 import os
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -167,24 +166,23 @@ def train_and_evaluate(spec: RunSpec, threads: int, out: Path) -> dict[str, Any]
 
 
 # -- the driver -----------------------------------------------------------------------------
-def _exit_with_parent(parent: int) -> None:
-    """A worker's initializer: end the worker once its parent is gone. A killed driver (SIGTERM,
-    SIGKILL) runs no clean-up, and a worker would otherwise finish its run (up to an hour) with
-    nobody to hand the result to."""
+def _end_with_parent(parent: int) -> None:
+    """A worker's initializer: end the worker when its parent dies, as the flows' processes do
+    (``flows.server.end_with_parent``). A killed driver (SIGTERM, SIGKILL) runs no clean-up, and
+    a worker would otherwise finish its run (up to an hour) with nobody to hand the result to."""
+    from flows.server import end_with_parent
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
+    end_with_parent()
+    if os.getppid() != parent:  # the driver died before prctl: no signal would come
         os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def worker_pool(jobs: int) -> concurrent.futures.ProcessPoolExecutor:
     """``jobs`` worker processes, spawned (no forked torch or tokenizer threads), that end with
-    this process."""
+    this process. The signal comes when the thread that started a worker ends: a spawn pool
+    starts its workers in ``submit``, from the driver's main thread."""
     return concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
-                                                  initializer=_exit_with_parent, initargs=(os.getpid(),))
+                                                  initializer=_end_with_parent, initargs=(os.getpid(),))
 
 
 class Runner:

@@ -41,9 +41,9 @@ def play_calls(rule: str, meta_episodes: int, seed: int) -> pl.DataFrame:
     return table.filter(pl.col("phase") == "play")
 
 
-def first_move(response: str) -> int:
-    """The first direction of a scripted reply (``<action>left, up</action>``)."""
-    return DIRECTIONS.index(response.split("<action>", 1)[1].split("</action>", 1)[0].split(",")[0].strip())
+def first_move(action: str) -> int:
+    """The first direction of a call's parsed ``action`` (the table's column: ``left, up``)."""
+    return DIRECTIONS.index(action.split(",")[0].strip())
 
 
 @torch.no_grad()
@@ -107,7 +107,7 @@ def main() -> None:
     responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in train["response"].to_list()]
     action = tokenizer.convert_tokens_to_ids("<action>")
     test_prompts = [p + [action] for p in encode(held_out["prompt"].to_list())]
-    test_moves = [first_move(r) for r in held_out["response"].to_list()]
+    test_moves = [first_move(a) for a in held_out["action"].to_list()]
     direction_ids = tokenizer.convert_tokens_to_ids(list(DIRECTIONS))
     model = random_model(tokenizer, hidden_size=hidden, num_layers=layers, num_heads=build.num_heads,
                          num_kv_heads=build.num_kv_heads, intermediate_size=3 * hidden,

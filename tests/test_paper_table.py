@@ -12,7 +12,9 @@ import time
 from pathlib import Path
 
 import polars as pl
+import psutil
 import pytest
+from conftest import process_ended
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -56,33 +58,25 @@ def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
     assert (out / "runs" / f"{lost}.json").is_file()
 
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not gone, not a zombie waiting to be reaped)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
 def test_workers_end_with_a_killed_driver(tmp_path):
     """A driver killed mid-run (SIGKILL: no clean-up of its own runs) leaves no worker running."""
     driver = (f"import os, sys, time; sys.path.insert(0, {str(BENCHMARKS)!r}); from paper_table import worker_pool\n"
               "pool = worker_pool(1)\n"
               "print(pool.submit(os.getpid).result(), flush=True)\n"
-              "pool.submit(time.sleep, 600); time.sleep(1); os.kill(os.getpid(), 9)\n")
-    # to a file, not a pipe: a worker left behind would hold a pipe open, and the run would wait
+              "pool.submit(time.sleep, 600); time.sleep(3); os.kill(os.getpid(), 9)\n")
+    # to a file, not a pipe: a worker left behind would hold a pipe open
     printed = tmp_path / "printed"
     with printed.open("w") as out:
-        done = subprocess.run([sys.executable, "-c", driver], stdout=out, stderr=subprocess.STDOUT, timeout=120,
-                              check=False)
-    assert done.returncode == -9, printed.read_text()[-3000:]
-    worker = int(printed.read_text().split()[0])
+        running = subprocess.Popen([sys.executable, "-c", driver], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not printed.read_text().strip() and running.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker = psutil.Process(int(printed.read_text().split()[0]))  # alive: the driver waits 3 s
+    assert running.wait(timeout=120) == -9, printed.read_text()[-3000:]
     deadline = time.monotonic() + 30
-    while _running(worker) and time.monotonic() < deadline:
+    while not process_ended(worker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _running(worker)
+    assert process_ended(worker)
 
 
 @pytest.fixture(scope="module")

@@ -198,6 +198,11 @@ def population_manifest(settings: Settings) -> dict[str, Any]:
     return seed_population(settings.raw, progress=False)
 
 
+def _recorded(build: TinyBuild) -> dict[str, Any]:
+    """``build`` as ``preset.json`` records it (tuples as lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(build)))
+
+
 def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tuple[Any, Any]]:
     """The ``model.tiny`` settings that differ between the preset already in ``directory`` (its
     ``preset.json``) and ``build``, as ``{key: (built, asked)}``; empty when they agree or when
@@ -208,7 +213,7 @@ def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tupl
         return {}
     if not isinstance(built, dict):
         return {}
-    asked = json.loads(json.dumps(dataclasses.asdict(build)))  # tuples as lists, as preset.json has them
+    asked = _recorded(build)
     return {key: (built.get(key), asked.get(key)) for key in sorted(set(built) | set(asked))
             if built.get(key) != asked.get(key)}
 
@@ -245,7 +250,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
     description: dict[str, Any] = {
         "preset": model_cfg.name,
         "game": settings.game.name,
-        "build": json.loads(json.dumps(dataclasses.asdict(build))),  # tuples as lists
+        "build": _recorded(build),
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "tokenizer_games": sorted(GAMES),
