@@ -50,3 +50,18 @@ def test_bf16_lora_update_moves_log_probs_with_the_advantage(tiny_model_dir):
     for advantage, b, a in zip(table["advantage"], before, after):
         assert (a > b) if advantage > 0 else (a < b)
     assert last["kl"] > 0
+
+
+def test_the_tiny_build_clones_and_checks_on_the_gpu(tmp_path):
+    import json
+
+    from test_tiny_preset import SMALL
+
+    from mage.models.build import build_tiny
+    from mage.settings import load_settings
+
+    directory = build_tiny(load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cuda"]), progress=False)
+    preset = json.loads((directory / "preset.json").read_text())
+    assert preset["bc_loss_last"] < preset["bc_loss_first"]
+    assert preset["warm_start"]["train"]["all"]["meta_episodes"] == 2
+    assert AutoModelForCausalLM.from_pretrained(directory).device.type == "cpu"  # loads anywhere

@@ -170,3 +170,18 @@ def test_the_prompt_cache_never_forgets_a_prompt_it_is_asked_for(tiny_model_dir,
     calls = [["a", "c", "d"], ["d", "e", "f", "a"], ["g"]]
     for prompts in calls:
         assert backend.encode(prompts) == [expected(p) for p in prompts]
+
+
+def test_a_model_handed_over_is_used_on_its_own_device(tiny_model_dir, monkeypatch):
+    """The tiny build hands its model, mid-training, to the backend for its check. On a GPU
+    machine the backend used to send the inputs to CUDA while the model stayed where it was."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    backend = HFBackend(model, tokenizer, batch_size=2)
+    assert backend.device == torch.device("cpu")
+    [generation] = backend.generate([GenerationRequest("Board:\n  A B C")],
+                                    SamplingSettings(temperature=0.0, max_new_tokens=4))
+    assert len(generation.token_ids) > 0
+    with pytest.raises(ValueError, match="model given is on cpu"):
+        HFBackend(model, tokenizer, device="cuda")

@@ -137,6 +137,15 @@ class HFBackend(Backend):
         enable_thinking: bool | None = None,
         share_prefill: bool = True,
     ) -> None:
+        if not isinstance(model, (str, Path)):
+            # A model handed over (the tiny build's, mid-training) is used where it lies: moving
+            # it would move its owner's model too, and inputs sent elsewhere fail at generation.
+            on = next(model.parameters()).device
+            asked = torch.device(device) if device is not None else on
+            if asked.type != on.type or asked.index not in (None, on.index):
+                raise ValueError(f"HFBackend: device {device!r} was asked for, but the model given is on {on}; "
+                                 "move the model there first, or leave device out")
+            device = str(on)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if isinstance(model, (str, Path)):
             source = str(model)

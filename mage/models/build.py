@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from mage import io
 from mage.backends.chat import format_prompt
 from mage.rollout import RolloutConfig
+from mage.models.policy import resolve_device
 from mage.models.tiny import check_round_trip, random_model, scripted_tables, train_tokenizer
 from mage.games import GAMES, make_game
 from mage.settings import Settings, TinyBuild
@@ -71,9 +72,10 @@ def _bc_step(model, optimizer, prompts, responses, rows: list[int], pad_id: int)
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for batch in batches:
-        logits = causal_lm_forward(model, batch, torch.device("cpu"))[:, :-1]
-        nll = -torch.log_softmax(logits.float(), -1).gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
-        loss = (nll * batch.response_mask).sum() / tokens
+        logits = causal_lm_forward(model, batch, model.device)[:, :-1]
+        targets, mask = batch.targets.to(model.device), batch.response_mask.to(model.device)
+        nll = -torch.log_softmax(logits.float(), -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        loss = (nll * mask).sum() / tokens
         loss.backward()
         total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -240,7 +242,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         intermediate_size=build.intermediate_size,
         max_position_embeddings=build.max_position_embeddings,
         seed=build.seed,
-    )
+    ).to(resolve_device(model_cfg.device))  # a GPU machine clones in seconds what takes minutes here
     built = time.perf_counter()
     bc_table = scripted_tables(settings.raw, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
