@@ -1,16 +1,21 @@
 """Does the tiny architecture learn a Sokoban move from the board? (issue 15, item 3)
 
 Apart from the protocol: a fresh tiny model (``params/model/tiny.yaml``'s shape, or
-``--hidden-size``/``--layers``) is cloned on the play calls of scripted players on Sokoban's
-training levels, on each prompt's last ``--context-tokens`` tokens (the board block, as the
-build's short phase), ``--rows`` calls a step at ``--learning-rate`` (the build's step,
-``mage.models.build``). Every ``--every`` steps it is scored on the optimal solver's play calls
-of other levels: how often its most likely first move (of the four directions, after
-``<action>``) is the solver's, and the negative log-likelihood of the solver's move. Chance is
-a quarter and ln 4 = 1.386; a model that reads only the walls around the player does better.
+``--hidden-size``/``--layers``), or the model of ``--from`` (a built preset), is cloned on the
+play calls of scripted players on Sokoban's training levels: ``--steps`` steps on each
+prompt's last ``--context-tokens`` tokens (the board block, as the build's short phase), then
+``--whole-steps`` on whole prompts (the build's second phase, batched by prompt), ``--rows``
+calls a step at a constant ``--learning-rate`` (the build's step, ``mage.models.build``).
+Every ``--every`` steps it is scored on the optimal solver's play calls of other levels, both
+on their last ``--context-tokens`` tokens and on the whole prompt (what the policy sees when it
+plays): how often its most likely first move (of the four directions, after ``<action>``) is
+the solver's, and the negative log-likelihood of the solver's move. Chance is a quarter and
+ln 4 = 1.386; a model that reads only the walls around the player does better.
 
-    python benchmarks/sokoban_board.py                          # 1500 steps at 1e-3 (about half an hour here)
+    python benchmarks/sokoban_board.py                          # 1500 steps at 1e-3 (about 40 minutes here)
     python benchmarks/sokoban_board.py --steps 200 --every 50   # a quick look
+    python benchmarks/sokoban_board.py --from <preset> --steps 0 --whole-steps 300 --label wanderer \
+        --learning-rate 3e-4 --every 50                         # carry a preset's reading to whole prompts
 
 Prints a Markdown table row per score (paste it into BENCHMARKS.md with the machine line).
 """
@@ -71,66 +76,92 @@ def score(model, prompts: list[list[int]], moves: list[int], direction_ids: list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=1500, help="steps on the prompts' last --context-tokens")
+    parser.add_argument("--whole-steps", type=int, default=0, help="steps on whole prompts, after --steps")
+    parser.add_argument("--whole-rows", type=int, default=32, help="calls per whole-prompt step (the build's 32)")
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--rows", type=int, default=64, help="calls per optimizer step")
+    parser.add_argument("--rows", type=int, default=64, help="calls per short step")
     parser.add_argument("--label", choices=("solver", "wanderer"), default="solver", help="the player cloned")
     parser.add_argument("--meta-episodes", type=int, default=2048, help="cloned meta-episodes (4 share a level)")
     parser.add_argument("--context-tokens", type=int, default=128)
+    parser.add_argument("--from", dest="source", help="a model directory (a built preset) instead of a fresh model")
     parser.add_argument("--hidden-size", type=int, help="default: params/model/tiny.yaml")
     parser.add_argument("--layers", type=int, help="default: params/model/tiny.yaml")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from mage.backends.chat import format_prompt
     from mage.games import GAMES, make_game
-    from mage.models.build import _bc_step, corpus
+    from mage.models.build import _bc_batches, _bc_step, corpus
     from mage.models.tiny import random_model, train_tokenizer
     from mage.settings import load_settings
 
     torch.set_num_threads(args.threads)
     build = load_settings(["game=sokoban"]).model.tiny
-    hidden, layers = args.hidden_size or build.hidden_size, args.layers or build.num_layers
     started = time.perf_counter()
-    tokenizer = train_tokenizer(corpus(build, False), vocab_size=build.vocab_size,
-                                whole=[name for game in GAMES for name in make_game(game).action_names])
+    if args.source:
+        tokenizer, model = AutoTokenizer.from_pretrained(args.source), AutoModelForCausalLM.from_pretrained(args.source)
+    else:
+        hidden, layers = args.hidden_size or build.hidden_size, args.layers or build.num_layers
+        tokenizer = train_tokenizer(corpus(build, False), vocab_size=build.vocab_size,
+                                    whole=[name for game in GAMES for name in make_game(game).action_names])
+        model = random_model(tokenizer, hidden_size=hidden, num_layers=layers, num_heads=build.num_heads,
+                             num_kv_heads=build.num_kv_heads, intermediate_size=3 * hidden,
+                             max_position_embeddings=build.max_position_embeddings, seed=build.seed)
     train = play_calls(args.label, args.meta_episodes, 101)
     held_out = play_calls("solver", 1024, 9001)  # other seeds: other levels (the overlap is printed)
     overlap = set(train["initial_state"].to_list()) & set(held_out["initial_state"].to_list())
 
     def encode(prompts: list[str]) -> list[list[int]]:
-        return [tokenizer(format_prompt(tokenizer, p), add_special_tokens=False)["input_ids"][-args.context_tokens :]
-                for p in prompts]
+        return [tokenizer(format_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
 
-    prompts = encode(train["prompt"].to_list())
+    whole = encode(train["prompt"].to_list())
+    short = [ids[-args.context_tokens :] for ids in whole]
     responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in train["response"].to_list()]
     action = tokenizer.convert_tokens_to_ids("<action>")
-    test_prompts = [p + [action] for p in encode(held_out["prompt"].to_list())]
+    test_whole = [p + [action] for p in encode(held_out["prompt"].to_list())]
+    test_short = [p[-args.context_tokens - 1 :] for p in test_whole]
     test_moves = [first_move(a) for a in held_out["action"].to_list()]
     direction_ids = tokenizer.convert_tokens_to_ids(list(DIRECTIONS))
-    model = random_model(tokenizer, hidden_size=hidden, num_layers=layers, num_heads=build.num_heads,
-                         num_kv_heads=build.num_kv_heads, intermediate_size=3 * hidden,
-                         max_position_embeddings=build.max_position_embeddings, seed=build.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
     majority = np.bincount(test_moves, minlength=4).max() / len(test_moves)
     print(f"# {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads; "
-          f"{hidden} wide, {layers} layers, {sum(p.numel() for p in model.parameters())} parameters; "
-          f"cloned: {train.height} {args.label} calls on {train['initial_state'].n_unique()} levels; scored: "
-          f"{held_out.height} solver calls on {held_out['initial_state'].n_unique()} levels ({len(overlap)} shared); "
-          f"the commonest first move {majority:.3f}; data and tokenizer {time.perf_counter() - started:.0f} s")
-    print("| steps | training loss (per reply token) | first move = solver's | NLL of the solver's move | seconds |")
-    print("|---|---|---|---|---|")
-    order = np.random.default_rng(0).permutation(len(prompts)).tolist()
+          f"{args.source or 'a fresh model'}: {model.config.hidden_size} wide, {model.config.num_hidden_layers} layers, "
+          f"{sum(p.numel() for p in model.parameters())} parameters; cloned: {train.height} {args.label} calls on "
+          f"{train['initial_state'].n_unique()} levels; scored: {held_out.height} solver calls on "
+          f"{held_out['initial_state'].n_unique()} levels ({len(overlap)} shared); the commonest first move "
+          f"{majority:.3f}; data and tokenizer {time.perf_counter() - started:.0f} s")
+    print(f"| steps (phase) | training loss (per reply token) | first move = solver's, last {args.context_tokens} tokens "
+          "| NLL of the solver's move, same | first move = solver's, whole prompt | NLL, same | seconds |")
+    print("|---|---|---|---|---|---|---|")
+    rng = np.random.default_rng(0)
+    short_order = rng.permutation(len(short)).tolist()
+    whole_batches: list[list[int]] = []
     losses, started = [], time.perf_counter()
-    for step in range(1, args.steps + 1):
-        begin = (step - 1) * args.rows % len(order)
-        rows = (order + order)[begin : begin + args.rows]
+
+    def report(step: int, phase: str) -> None:
+        cut = score(model, test_short, test_moves, direction_ids, tokenizer.pad_token_id)
+        full = score(model, test_whole, test_moves, direction_ids, tokenizer.pad_token_id)
+        loss = f"{np.mean(losses[-args.every:]):.3f}" if losses else "-"
+        print(f"| {step} ({phase}) | {loss} | {cut[0]:.3f} | {cut[1]:.3f} | {full[0]:.3f} | {full[1]:.3f} | "
+              f"{time.perf_counter() - started:.0f} |", flush=True)
+
+    if args.source:
+        report(0, "as given")
+    for step in range(1, args.steps + args.whole_steps + 1):
+        if step <= args.steps:
+            begin = (step - 1) * args.rows % len(short_order)
+            rows, prompts = (short_order + short_order)[begin : begin + args.rows], short
+        else:  # as the build's whole-prompt phase: batches cut in prompt order, so they share a prefix
+            if not whole_batches:
+                whole_batches = _bc_batches(whole, set(), args.whole_rows, None, True, rng)
+            rows, prompts = whole_batches.pop(), whole
         losses.append(_bc_step(model, optimizer, prompts, responses, rows, tokenizer.pad_token_id))
         if step % args.every == 0:
-            accuracy, nll = score(model, test_prompts, test_moves, direction_ids, tokenizer.pad_token_id)
-            print(f"| {step} | {np.mean(losses[-args.every:]):.3f} | {accuracy:.3f} | {nll:.3f} | "
-                  f"{time.perf_counter() - started:.0f} |", flush=True)
+            report(step, "short" if step <= args.steps else "whole")
 
 
 if __name__ == "__main__":
