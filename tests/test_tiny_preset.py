@@ -55,6 +55,7 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
         assert not caplog.records
         changed = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.tiny.bc_steps=3", "model.tiny.seed=7"])
         assert ensure_model(changed, progress=False) == str(directory)
+        assert ensure_model(changed, progress=False) == str(directory)  # once per process, not per call
     assert [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records] == ["bc_steps 2 -> 3, seed 0 -> 7"]
     assert (directory / "model.safetensors").read_bytes() == weights
 

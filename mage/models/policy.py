@@ -82,6 +82,10 @@ def load_policy(
     return Policy(model=model, tokenizer=tokenizer, source=source, lora=lora)
 
 
+#: (model.path, differences) already warned about in this process.
+_STALE_PRESETS_WARNED: set[tuple[str, str]] = set()
+
+
 def ensure_model(settings: Settings, progress: bool = True) -> str:
     """The base model's local directory, made available: the tiny preset is built if missing;
     a hub model (``model.path`` is a hub id) is fetched into ``model.local_dir`` (or the hub
@@ -96,9 +100,11 @@ def ensure_model(settings: Settings, progress: bool = True) -> str:
             # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a
             # smoke run, a preset copied in to skip its build). DVC's stage rebuilds on its own.
             changes = ", ".join(f"{key} {built!r} -> {asked!r}" for key, (built, asked) in differences.items())
-            logging.getLogger(__name__).warning(
-                f"{model.path}: the tiny preset there was built with other model.tiny settings ({changes}); "
-                "it is used as it is. Remove the directory, or set model.path elsewhere, to build it anew.")
+            if (model.path, changes) not in _STALE_PRESETS_WARNED:  # the flows ask once per sub-flow
+                _STALE_PRESETS_WARNED.add((model.path, changes))
+                logging.getLogger(__name__).warning(
+                    f"{model.path}: the tiny preset there was built with other model.tiny settings ({changes}); "
+                    "it is used as it is. Remove the directory, or set model.path elsewhere, to build it anew.")
         return model.path
     if Path(model.path).is_dir():
         return model.path
