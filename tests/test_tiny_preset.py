@@ -18,7 +18,8 @@ SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.int
 
 
 def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
-    settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}"])
+    # on the CPU wherever the tests run: the byte-for-byte repeat below is a CPU property
+    settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cpu"])
     directory = build_tiny(settings, progress=False)
     assert directory == tmp_path / "models" / "tiny-kuhn_poker"
     model = AutoModelForCausalLM.from_pretrained(directory)
@@ -41,7 +42,7 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
             assert row["meta_episodes"] == 1 and 0 <= row["invalid_rate"] <= 1 and 0 <= row["final_win_rate"] <= 1
             assert 0 <= row["max_win_probability"] <= row["win_ceiling_final"] <= 1
         assert check[split]["all"]["meta_episodes"] == len(names)
-    assert preset["game"] == "kuhn_poker" and preset["build"]["bc_rules"] == ["timid"]
+    assert preset["game"] == "kuhn_poker" and preset["build"]["bc_rules"] == ["timid"] and preset["device"] == "cpu"
     assert preset["parameters"] == sum(p.numel() for p in model.parameters())
     # The same seed builds the same weights: a preset is reproducible from its config.
     again = build_tiny(settings, tmp_path / "again", progress=False)
@@ -53,7 +54,8 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mage.models.policy"):
         assert ensure_model(settings, progress=False) == str(directory)
         assert not caplog.records
-        changed = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.tiny.bc_steps=3", "model.tiny.seed=7"])
+        changed = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cpu", "model.tiny.bc_steps=3",
+                                 "model.tiny.seed=7"])
         assert ensure_model(changed, progress=False) == str(directory)
         assert ensure_model(changed, progress=False) == str(directory)  # once per process, not per call
     assert [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records] == ["bc_steps 2 -> 3, seed 0 -> 7"]

@@ -242,7 +242,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         intermediate_size=build.intermediate_size,
         max_position_embeddings=build.max_position_embeddings,
         seed=build.seed,
-    ).to(resolve_device(model_cfg.device))  # a GPU machine clones in seconds what takes minutes here
+    ).to(resolve_device(model_cfg.device))
     built = time.perf_counter()
     bc_table = scripted_tables(settings.raw, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
@@ -253,6 +253,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         "preset": model_cfg.name,
         "game": settings.game.name,
         "build": _recorded(build),
+        "device": str(model.device),  # where it was cloned: CPU and GPU builds differ in the last bits
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "tokenizer_games": sorted(GAMES),
