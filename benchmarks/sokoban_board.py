@@ -65,7 +65,8 @@ def score(model, prompts: list[list[int]], moves: list[int], direction_ids: list
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, direction_ids]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                       logits_to_keep=1).logits[:, -1, direction_ids]  # the next token's only: whole prompts are long
         logprobs = torch.log_softmax(logits.float(), -1)
         truth = torch.tensor(moves[start : start + 128])
         hits += float((logprobs.argmax(-1) == truth).sum())
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="default: params/model/tiny.yaml")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.source and (args.hidden_size or args.layers):
+        parser.error("--hidden-size and --layers shape a fresh model: --from's model has its own")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
