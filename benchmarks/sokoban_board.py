@@ -143,18 +143,21 @@ def main() -> None:
     rng = np.random.default_rng(0)
     short_order = rng.permutation(len(short)).tolist()
     whole_batches: list[list[int]] = []
-    losses, started = [], time.perf_counter()
+    losses: list[float] = []  # since the last row, so a row's loss is of one phase
+    started = time.perf_counter()
 
     def report(step: int, phase: str) -> None:
         cut = score(model, test_short, test_moves, direction_ids, tokenizer.pad_token_id)
         full = score(model, test_whole, test_moves, direction_ids, tokenizer.pad_token_id)
-        loss = f"{np.mean(losses[-args.every:]):.3f}" if losses else "-"
+        loss = f"{np.mean(losses):.3f}" if losses else "-"
+        losses.clear()
         print(f"| {step} ({phase}) | {loss} | {cut[0]:.3f} | {cut[1]:.3f} | {full[0]:.3f} | {full[1]:.3f} | "
               f"{time.perf_counter() - started:.0f} |", flush=True)
 
     if args.source:
         report(0, "as given")
-    for step in range(1, args.steps + args.whole_steps + 1):
+    total = args.steps + args.whole_steps
+    for step in range(1, total + 1):
         if step <= args.steps:
             begin = (step - 1) * args.rows % len(short_order)
             rows, prompts = (short_order + short_order)[begin : begin + args.rows], short
@@ -163,7 +166,7 @@ def main() -> None:
                 whole_batches = _bc_batches(whole, set(), args.whole_rows, None, True, rng)
             rows, prompts = whole_batches.pop(), whole
         losses.append(_bc_step(model, optimizer, prompts, responses, rows, tokenizer.pad_token_id))
-        if step % args.every == 0:
+        if step % args.every == 0 or step in (args.steps, total):  # and at the end of each phase
             report(step, "short" if step <= args.steps else "whole")
 
 
