@@ -26,6 +26,7 @@ import argparse
 import os
 import platform
 import time
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
@@ -54,21 +55,15 @@ def first_move(action: str) -> int:
 @torch.no_grad()
 def score(model, prompts: list[list[int]], moves: list[int], direction_ids: list[int], pad_id: int) -> tuple[float, float]:
     """First-move accuracy and mean NLL of the solver's first move (over the four directions)."""
+    from mage.train.batching import causal_lm_forward, micro_batches
+
     model.eval()
     hits = nll = 0.0
-    for start in range(0, len(prompts), 128):
-        chunk = prompts[start : start + 128]
-        width = max(map(len, chunk))
-        ids = torch.full((len(chunk), width), pad_id)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(chunk):  # left-padded: the next token is at the last position
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       logits_to_keep=1).logits[:, -1, direction_ids]  # the next token's only: whole prompts are long
+    # left-padded rows in order, with no reply: the last position scores the next token
+    for batch in micro_batches(prompts, [[] for _ in prompts], pad_id, batching="padded", rows_per_batch=128):
+        logits = causal_lm_forward(model, batch, model.device)[:, -1, direction_ids]
         logprobs = torch.log_softmax(logits.float(), -1)
-        truth = torch.tensor(moves[start : start + 128])
+        truth = torch.tensor([moves[i] for i in batch.rows])
         hits += float((logprobs.argmax(-1) == truth).sum())
         nll += float(-logprobs.gather(1, truth[:, None]).sum())
     model.train()
@@ -97,9 +92,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mage.backends.chat import format_prompt
-    from mage.games import GAMES, make_game
-    from mage.models.build import _bc_batches, _bc_step, corpus
-    from mage.models.tiny import random_model, train_tokenizer
+    from mage.models.build import _bc_batches, _bc_step, fresh_model
     from mage.settings import load_settings
 
     torch.set_num_threads(args.threads)
@@ -107,13 +100,10 @@ def main() -> None:
     started = time.perf_counter()
     if args.source:
         tokenizer, model = AutoTokenizer.from_pretrained(args.source), AutoModelForCausalLM.from_pretrained(args.source)
-    else:
+    else:  # the build's own tokenizer and seeded model, at the shape asked for
         hidden, layers = args.hidden_size or build.hidden_size, args.layers or build.num_layers
-        tokenizer = train_tokenizer(corpus(build, False), vocab_size=build.vocab_size,
-                                    whole=[name for game in GAMES for name in make_game(game).action_names])
-        model = random_model(tokenizer, hidden_size=hidden, num_layers=layers, num_heads=build.num_heads,
-                             num_kv_heads=build.num_kv_heads, intermediate_size=3 * hidden,
-                             max_position_embeddings=build.max_position_embeddings, seed=build.seed)
+        tokenizer, model, _ = fresh_model(replace(build, hidden_size=hidden, num_layers=layers,
+                                                  intermediate_size=3 * hidden))
     train = play_calls(args.label, args.meta_episodes, 101)
     held_out = play_calls("solver", 1024, 9001)  # other seeds: other levels (the overlap is printed)
     overlap = set(train["initial_state"].to_list()) & set(held_out["initial_state"].to_list())

@@ -145,9 +145,9 @@ class HFBackend(Backend):
             if asked.type != on.type or asked.index not in (None, on.index):
                 raise ValueError(f"HFBackend: device {device!r} was asked for, but the model given is on {on}; "
                                  "move the model there first, or leave device out")
-            device = str(on)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if isinstance(model, (str, Path)):
+            self.device = on
+        else:
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             source = str(model)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype]).to(self.device)
             tokenizer = tokenizer or source

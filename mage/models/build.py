@@ -220,16 +220,9 @@ def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tupl
             if built.get(key) != asked.get(key)}
 
 
-def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> Path:
-    """Build the tiny preset of ``settings.model`` for ``settings``'s game into ``out_dir``
-    (default ``model.path``), atomically: tokenizer, seeded model, behaviour cloning of the
-    ``model.tiny.bc_rules`` players against the game's training population, the check."""
-    model_cfg = settings.model
-    build = model_cfg.tiny
-    if build is None:
-        raise ValueError(f"model {model_cfg.name!r} has no 'tiny' section: it is not built locally")
-    out_dir = Path(out_dir or model_cfg.path)
-    started = time.perf_counter()
+def fresh_model(build: TinyBuild, progress: bool = False) -> tuple[Any, Any, list[str]]:
+    """The preset's tokenizer, trained on the games' text, and its model drawn from
+    ``build.seed``, before any cloning; and the text the tokenizer was trained on."""
     texts = corpus(build, progress)
     whole = [name for game in GAMES for name in make_game(game).action_names]
     tokenizer = train_tokenizer(texts, vocab_size=build.vocab_size, whole=whole)
@@ -242,7 +235,22 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         intermediate_size=build.intermediate_size,
         max_position_embeddings=build.max_position_embeddings,
         seed=build.seed,
-    ).to(resolve_device(model_cfg.device))
+    )
+    return tokenizer, model, texts
+
+
+def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> Path:
+    """Build the tiny preset of ``settings.model`` for ``settings``'s game into ``out_dir``
+    (default ``model.path``), atomically: tokenizer, seeded model, behaviour cloning of the
+    ``model.tiny.bc_rules`` players against the game's training population, the check."""
+    model_cfg = settings.model
+    build = model_cfg.tiny
+    if build is None:
+        raise ValueError(f"model {model_cfg.name!r} has no 'tiny' section: it is not built locally")
+    out_dir = Path(out_dir or model_cfg.path)
+    started = time.perf_counter()
+    tokenizer, model, texts = fresh_model(build, progress)
+    model.to(resolve_device(model_cfg.device))
     built = time.perf_counter()
     bc_table = scripted_tables(settings.raw, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
