@@ -109,11 +109,11 @@ def main() -> None:
     overlap = set(train["initial_state"].to_list()) & set(held_out["initial_state"].to_list())
 
     def encode(prompts: list[str]) -> list[list[int]]:
-        return [tokenizer(format_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        return tokenizer([format_prompt(tokenizer, p) for p in prompts], add_special_tokens=False)["input_ids"]
 
     whole = encode(train["prompt"].to_list())
     short = [ids[-args.context_tokens :] for ids in whole]
-    responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in train["response"].to_list()]
+    responses = tokenizer(train["response"].to_list(), add_special_tokens=False)["input_ids"]
     action = tokenizer.convert_tokens_to_ids("<action>")
     test_whole = [p + [action] for p in encode(held_out["prompt"].to_list())]
     test_short = [p[-args.context_tokens - 1 :] for p in test_whole]

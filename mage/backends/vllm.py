@@ -311,7 +311,7 @@ class VLLMBackend(Backend):
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         with _LOCK:  # a fast tokenizer shared by threads can fail with "Already borrowed"
             texts = [format_prompt(self.tokenizer, p, self.chat, self.enable_thinking) for p in prompts]
-            return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            return self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 
     def decode(self, ids: Sequence[int]) -> str:
         with _LOCK:

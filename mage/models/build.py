@@ -121,10 +121,11 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
     ``bc_reflection_share`` of every batch are reflections (:func:`_bc_batches`).
 
     The learning rate decays linearly to a tenth over both phases."""
-    prompts = [
-        tokenizer(format_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in table["prompt"].to_list()
-    ]
-    responses = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in table["response"].to_list()]
+    # One batched call each: the fast tokenizer encodes a list in one pass (twice as fast as a
+    # call per text on the thousands of calls here), with the same ids.
+    prompts = tokenizer([format_prompt(tokenizer, p) for p in table["prompt"].to_list()],
+                        add_special_tokens=False)["input_ids"]
+    responses = tokenizer(table["response"].to_list(), add_special_tokens=False)["input_ids"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=build.bc_learning_rate)
     total_steps = build.bc_short_steps + build.bc_steps
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * min(step / max(total_steps, 1), 1.0))
