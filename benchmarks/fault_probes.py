@@ -64,9 +64,7 @@ def weights_digest(artifacts: Path) -> str | None:
     finals = sorted((artifacts / "runs").glob("*/final.json"))
     if not finals:
         return None
-    checkpoint = Path(json.loads(finals[0].read_text())["checkpoint"])
-    if not checkpoint.is_absolute():
-        checkpoint = artifacts.parent / checkpoint
+    checkpoint = finals[0].parent / json.loads(finals[0].read_text())["checkpoint"]  # relative to the run
     digest = hashlib.sha256()
     for path in sorted(checkpoint.glob("*.safetensors")):
         digest.update(path.name.encode() + path.read_bytes())

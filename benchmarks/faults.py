@@ -105,8 +105,8 @@ def probe_kills(work: Path, kills: int, rng: random.Random) -> list[dict]:
 
 def probe_corruptions(work: Path) -> list[dict]:
     """Damage each file a run reads, then run the command that reads it. Each case trains its
-    own small run first (final.json and Prefect's cached results hold absolute paths, so a
-    copied run would still read the original's files)."""
+    own small run first (Prefect's cached results hold absolute paths, so a copied run would
+    still read the original's files)."""
     flows = [sys.executable, "-m", "flows"]
     small = [*SMALL, f"model.path={work / 'model'}", "paths.artifacts={artifacts}", "paths.results={root}/results"]
     if not (work / "model" / "config.json").is_file():  # --only corruptions: prepare the shared warm start
@@ -138,7 +138,8 @@ def probe_corruptions(work: Path) -> list[dict]:
         print(json.dumps(records[-1]), flush=True)
 
     def final_checkpoint(root: Path) -> Path:
-        return Path(json.loads(next((root / "artifacts" / "runs").glob("*/final.json")).read_text())["checkpoint"])
+        final = next((root / "artifacts" / "runs").glob("*/final.json"))
+        return final.parent / json.loads(final.read_text())["checkpoint"]  # relative to the run
 
     def garbage(name: str):
         def damage(root: Path) -> Path:

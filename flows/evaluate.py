@@ -45,8 +45,10 @@ def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None =
         except (io.CorruptFileError, KeyError, TypeError) as error:  # the latest checkpoint stands in for it
             logger().warning(f"{final}: unreadable ({error}); evaluating the run's latest complete checkpoint instead")
             recorded = None
-        if recorded and Path(recorded).is_dir():  # the run's final checkpoint, damaged or not: no stand-in
-            return FileRef.of(recorded, "checkpoint")
+        # Relative to the run's directory (absolute in files written before that, kept as they are).
+        recorded = paths.root / recorded if isinstance(recorded, str) and recorded else None
+        if recorded and recorded.is_dir():  # the run's final checkpoint, damaged or not: no stand-in
+            return FileRef.of(str(recorded), "checkpoint")
     latest = ckpt.latest_checkpoint(paths.checkpoints)
     return FileRef.of(latest.path, "checkpoint") if latest else None
 

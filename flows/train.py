@@ -11,6 +11,7 @@ run skips the finished iterations and continues where it stopped; lengthening a 
 from __future__ import annotations
 
 import contextlib
+import os
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -65,8 +66,12 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
                 finals = {row["opponent"]: row["final_win_rate"] for row in evaluations[iteration]["final"]}
                 log.info(f"evaluation at iteration {iteration} ({settings.eval.split}): final-episode win rate "
                          + ", ".join(f"{k} {v:.2f}" for k, v in finals.items()))
-    final = RunPaths.of(settings).root / "final.json"
-    io.write_json(final, {"checkpoint": checkpoint.path if checkpoint else None,
+    root = RunPaths.of(settings).root
+    final = root / "final.json"
+    # Relative to the run's directory: a run copied or moved elsewhere (a DVC experiment run in
+    # its temporary workspace, then restored) still names its own checkpoint, not the original's.
+    recorded = os.path.relpath(checkpoint.path, root) if checkpoint else None
+    io.write_json(final, {"checkpoint": recorded,
                           "sha256": checkpoint.sha256 if checkpoint else None, "iterations": settings.train.iterations})
     log.info(f"final checkpoint: {checkpoint.path if checkpoint else 'none (0 iterations)'}")
     return {"checkpoint": checkpoint, "metrics": history[-1] if history else {}, "evaluations": evaluations}

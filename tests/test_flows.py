@@ -7,6 +7,7 @@ task states are read back from the Prefect API.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import polars as pl
@@ -203,6 +204,14 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     assert about["checkpoint"] == str(RunPaths.of(load_settings(other)).checkpoints / "ckpt-00001")
     with pytest.raises(ValueError, match="plain name"):
         nightly_evaluation(args, run="../escape")
+
+    # A run copied elsewhere (as DVC restores an experiment run in a temporary workspace) names
+    # its own final checkpoint, not the original's.
+    from flows.evaluate import checkpoint_ref
+
+    copied = RunPaths.of(settings).root.parent / "copied"
+    shutil.copytree(RunPaths.of(settings).root, copied)
+    assert Path(checkpoint_ref(settings, None, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
 
 
 def test_deployments_serve_every_flow_with_a_nightly_schedule(tiny_model_dir, tmp_path):
