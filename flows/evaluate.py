@@ -45,10 +45,15 @@ def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None =
         except (io.CorruptFileError, KeyError, TypeError) as error:  # the latest checkpoint stands in for it
             logger().warning(f"{final}: unreadable ({error}); evaluating the run's latest complete checkpoint instead")
             recorded = None
-        # Relative to the run's directory (absolute in files written before that, kept as they are).
-        recorded = paths.root / recorded if isinstance(recorded, str) and recorded else None
-        if recorded and recorded.is_dir():  # the run's final checkpoint, damaged or not: no stand-in
-            return FileRef.of(str(recorded), "checkpoint")
+        # Relative to the run's directory; files written before that hold the path as the run
+        # was given it (absolute, or relative to the working directory).
+        candidates = [paths.root / recorded, Path(recorded)] if isinstance(recorded, str) and recorded else []
+        found = next((path for path in candidates if path.is_dir()), None)
+        if found:  # the run's final checkpoint, damaged or not: no stand-in
+            return FileRef.of(str(found), "checkpoint")
+        if candidates:
+            logger().warning(f"{final}: its checkpoint {recorded} is gone; evaluating the run's latest complete "
+                             "checkpoint instead")
     latest = ckpt.latest_checkpoint(paths.checkpoints)
     return FileRef.of(latest.path, "checkpoint") if latest else None
 

@@ -11,8 +11,8 @@ run skips the finished iterations and continues where it stopped; lengthening a 
 from __future__ import annotations
 
 import contextlib
-import os
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 

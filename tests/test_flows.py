@@ -6,6 +6,7 @@ task states are read back from the Prefect API.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -212,6 +213,16 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     copied = RunPaths.of(settings).root.parent / "copied"
     shutil.copytree(RunPaths.of(settings).root, copied)
     assert Path(checkpoint_ref(settings, None, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
+    # final.json, not the newest checkpoint: a later one (a longer run's, say) does not replace it
+    shutil.copytree(copied / "checkpoints" / "ckpt-00002", copied / "checkpoints" / "ckpt-00003")
+    assert ckpt.latest_checkpoint(copied / "checkpoints").path.name == "ckpt-00003"
+    assert Path(checkpoint_ref(settings, None, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
+    # files of before hold the path as the run was given it: absolute, or relative to the working directory
+    for recorded in (str(copied / "checkpoints" / "ckpt-00002"), "copied/checkpoints/ckpt-00002"):
+        (copied / "final.json").write_text(json.dumps({"checkpoint": recorded}))
+        with contextlib.chdir(copied.parent):
+            found = Path(checkpoint_ref(settings, None, run="copied").path)
+        assert (copied.parent / found).resolve() == (copied / "checkpoints" / "ckpt-00002").resolve()
 
 
 def test_deployments_serve_every_flow_with_a_nightly_schedule(tiny_model_dir, tmp_path):
