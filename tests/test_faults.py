@@ -205,8 +205,9 @@ def test_a_prefect_api_that_hangs_or_is_down_fails_in_bounded_time(tmp_path):
 
     def command(api_url: str, *overrides: str) -> subprocess.CompletedProcess:
         env = os.environ | {"PREFECT_API_URL": api_url, "PREFECT_HOME": str(tmp_path / "home"),
-                            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        env.pop("PREFECT_API_REQUEST_TIMEOUT", None)
+                            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "NO_PROXY": "127.0.0.1,localhost"}
+        for key in ("PREFECT_API_REQUEST_TIMEOUT", "PYTHONWARNINGS", "PYTHONDEVMODE"):
+            env.pop(key, None)
         return subprocess.run([sys.executable, "-m", "flows", "train", f"paths.artifacts={tmp_path}/artifacts",
                                f"paths.results={tmp_path}/results", *overrides],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
