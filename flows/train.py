@@ -68,8 +68,9 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
                          + ", ".join(f"{k} {v:.2f}" for k, v in finals.items()))
     root = RunPaths.of(settings).root
     final = root / "final.json"
-    # Relative to the run's directory: a run copied or moved elsewhere (a DVC experiment run in
-    # its temporary workspace, then restored) still names its own checkpoint, not the original's.
+    # Relative to the run's directory: a run copied or moved elsewhere still names its own
+    # checkpoint, not the original's (an absolute path did not, nor did one relative to the
+    # working directory once the run was given another name).
     recorded = os.path.relpath(checkpoint.path, root) if checkpoint else None
     io.write_json(final, {"checkpoint": recorded,
                           "sha256": checkpoint.sha256 if checkpoint else None, "iterations": settings.train.iterations})
