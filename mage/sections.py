@@ -101,6 +101,7 @@ class HFOptions:
 
     batch_size: Annotated[int, Field(ge=1, le=65536)] = 64  # micro-batch of one generate call
     share_prefill: bool = True  # compute shared prompt prefixes and duplicate prompts once
+    regroup: bool = True  # rows still decoding go on as a smaller batch once the others have ended
 
 
 @validated_dataclass(frozen=True)

@@ -185,3 +185,69 @@ def test_a_model_handed_over_is_used_on_its_own_device(tiny_model_dir, monkeypat
     assert len(generation.token_ids) > 0
     with pytest.raises(ValueError, match="model given is on cpu"):
         HFBackend(model, tokenizer, device="cuda")
+
+
+# -- regrouping: rows left running go on as a smaller batch -----------------------------------
+KING, THINK = "Your card: King (K). It is your turn.", "Think, then act."  # conftest.TAUGHT's prompts
+
+
+def spy_on_decode(backend, monkeypatch) -> list[tuple[int, int, list[bool], bool]]:
+    """Record each ``generate`` call of ``backend``: (rows, tokens each had already, which ended, paused)."""
+    calls, decode = [], backend._decode
+
+    def spy(rows, opened, sampling, phase, spent, pause_rows):
+        tokens, logprobs, ended, paused = decode(rows, opened, sampling, phase, spent, pause_rows)
+        calls.append((len(rows), spent, ended, paused))
+        return tokens, logprobs, ended, paused
+
+    monkeypatch.setattr(backend, "_decode", spy)
+    return calls
+
+
+def test_a_row_left_running_goes_on_alone_with_the_same_reply(taught_model_dir, monkeypatch):
+    """Seven replies stop at </action> after 4 tokens; the eighth thinks first (20 tokens, with
+    an </action> quoted inside <think> at token 13). Once it is the only row running the call
+    pauses and it goes on alone: the <think> it opened before the pause still keeps the quoted
+    tag from stopping it, and every reply is the one-call decode's, token for token."""
+    requests = [GenerationRequest(KING)] * 7 + [GenerationRequest(THINK)]
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=40)
+    regrouping = HFBackend(taught_model_dir)
+    calls = spy_on_decode(regrouping, monkeypatch)
+    answers = regrouping.generate(requests, greedy)
+    assert [(rows, spent, paused) for rows, spent, _, paused in calls] == [(8, 0, True), (1, 4, False)]
+    assert sorted(calls[0][2]) == [False] + [True] * 7  # the thinking row ran on, the others had ended
+    assert [a.text for a in answers] == ["<action>bet</action>"] * 7 + [
+        "<think>maybe <action>check</action> no</think><action>bet</action>"]
+    assert [a.finish_reason for a in answers] == ["stop"] * 8
+    whole = HFBackend(taught_model_dir, regroup=False).generate(requests, greedy)
+    for a, b in zip(answers, whole):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_a_regrouped_row_stops_at_the_token_limit(taught_model_dir, monkeypatch):
+    monkeypatch.setattr("mage.backends.hf.REGROUP_MIN_TOKENS_LEFT", 8)  # a pause at token 4 of 16
+    requests = [GenerationRequest(KING)] * 7 + [GenerationRequest(THINK)]
+    capped = SamplingSettings(temperature=0.0, max_new_tokens=16)
+    regrouping = HFBackend(taught_model_dir)
+    calls = spy_on_decode(regrouping, monkeypatch)
+    thinking = regrouping.generate(requests, capped)[-1]
+    assert [(rows, spent, paused) for rows, spent, _, paused in calls] == [(8, 0, True), (1, 4, False)]
+    assert thinking.finish_reason == "length" and len(thinking.token_ids) == len(thinking.logprobs) == 16
+    assert thinking.text == "<think>maybe <action>check</action> no</think>"  # 16 tokens of conftest.TAUGHT's reply
+    assert thinking.token_ids == HFBackend(taught_model_dir, regroup=False).generate(requests, capped)[-1].token_ids
+
+
+def test_sampled_regrouped_replies_carry_their_exact_logprobs(taught_model_dir, monkeypatch):
+    """Sampling: rows on a prompt nothing taught ramble on after the taught ones have stopped
+    and are regrouped, and each reply's log-probs are a teacher-forced pass's over prompt + reply."""
+    requests = [GenerationRequest(KING)] * 12 + [GenerationRequest("Moves so far:")] * 4
+    regrouping = HFBackend(taught_model_dir)
+    calls = spy_on_decode(regrouping, monkeypatch)
+    answers = regrouping.generate(requests, SamplingSettings(temperature=1.0, max_new_tokens=48, seed=5))
+    assert any(paused for *_, paused in calls)
+    reference = AutoModelForCausalLM.from_pretrained(taught_model_dir, dtype=torch.float32)
+    for answer in answers:
+        assert len(answer.logprobs) == len(answer.token_ids) > 0
+        expected = teacher_forced_logprobs(reference, answer.prompt_token_ids, answer.token_ids)
+        assert answer.logprobs == pytest.approx(expected, abs=1e-4)

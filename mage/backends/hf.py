@@ -15,6 +15,12 @@ Two small hooks ride along ``generate``:
   sequence), so padding after the end is never mistaken for response tokens. A stop string
   completed inside an open ``<think>`` block is ignored (the row's text is decoded only
   when a stop string fires, which is rare).
+
+A micro-batch decodes until its last row ends, and every step costs in proportion to its
+rows. When only a few rows are still going (a reply rambling to the token limit while the
+others stopped after a few tokens), the recorder pauses ``generate`` and those rows go on
+as a smaller batch from where they were (:data:`REGROUP_SHARE`). Each row's tokens are
+sampled from the same distributions either way; only the random draws differ.
 """
 
 from __future__ import annotations
@@ -76,27 +82,48 @@ class _RawLogProbs(LogitsProcessor):
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)
 
 
+#: A micro-batch pauses once at most this share of its rows is still decoding, and those rows
+#: go on alone. On the tiny preset a decode step of 64 rows takes 29 ms and one of 4 rows 5 ms
+#: (BENCHMARKS.md), and a reply in 16 of the Tic-Tac-Toe warm start's runs to the 128-token
+#: limit, so nearly every micro-batch of 64 decoded all 128 steps for a few rows.
+REGROUP_SHARE = 0.25
+#: ... and only with this many tokens of the budget left: the rows' prompts are prefilled again.
+REGROUP_MIN_TOKENS_LEFT = 16
+
+
 class _FinishRecorder(StoppingCriteria):
-    """Stops on stop strings or end of sequence and records each sequence's length."""
+    """Stops on stop strings or end of sequence and records each sequence's length.
+
+    ``reply_start``: where the replies begin in ``input_ids`` (before ``prompt_length`` when
+    the rows carry tokens from an earlier pause); ``pause_rows``: pause ``generate`` once at
+    most this many rows are running, with ``max_length`` as the budget's end (0: never).
+    """
 
     def __init__(self, stop: StopStringCriteria | None, eos_ids: Sequence[int], prompt_length: int, batch: int,
-                 tokenizer: Any = None, thinking_at_start: Sequence[bool] = ()) -> None:
+                 tokenizer: Any = None, thinking_at_start: Sequence[bool] = (), *, reply_start: int | None = None,
+                 pause_rows: int = 0, max_length: int = 0) -> None:
         self.stop, self.prompt_length, self.tokenizer = stop, prompt_length, tokenizer
+        self.reply_start = prompt_length if reply_start is None else reply_start
         self.eos_ids = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
         self.lengths = torch.full((batch,), -1, dtype=torch.long)
         self.thinking_at_start = list(thinking_at_start) or [False] * batch
+        self.pause_rows, self.max_length, self.paused = pause_rows, max_length, False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
         done = torch.isin(input_ids[:, -1].cpu(), self.eos_ids)
         if self.stop is not None:
             stopped = self.stop(input_ids, scores).cpu() & (self.lengths < 0)
             for row in torch.nonzero(stopped).flatten().tolist():
-                reply = self.tokenizer.decode(input_ids[row, self.prompt_length :], skip_special_tokens=True)
+                reply = self.tokenizer.decode(input_ids[row, self.reply_start :], skip_special_tokens=True)
                 if thinking_open(reply, self.thinking_at_start[row]):
                     stopped[row] = False  # a tag quoted while thinking
             done |= stopped
         newly = done & (self.lengths < 0)
         self.lengths[newly] = input_ids.shape[1] - self.prompt_length
+        running = int((self.lengths < 0).sum())
+        if 0 < running <= self.pause_rows and self.max_length - input_ids.shape[1] >= REGROUP_MIN_TOKENS_LEFT:
+            self.paused = True
+            return torch.ones_like(done).to(input_ids.device)
         return (self.lengths >= 0).to(input_ids.device)
 
 
@@ -136,6 +163,7 @@ class HFBackend(Backend):
         chat: bool = True,
         enable_thinking: bool | None = None,
         share_prefill: bool = True,
+        regroup: bool = True,
     ) -> None:
         if not isinstance(model, (str, Path)):
             # A model handed over (the tiny build's, mid-training) is used where it lies: moving
@@ -163,7 +191,7 @@ class HFBackend(Backend):
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer needs a pad token for batched generation")
         self.batch_size, self.chat, self.enable_thinking = batch_size, chat, enable_thinking
-        self.share_prefill = share_prefill
+        self.share_prefill, self.regroup = share_prefill, regroup
         self.max_context_tokens = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self._stop_cache: dict[tuple[str, ...], StopStringCriteria] = {}
         self._encoded: dict[str, list[int]] = {}
@@ -197,14 +225,14 @@ class HFBackend(Backend):
             self._stop_cache[stop] = StopStringCriteria(self.tokenizer, list(stop))
         return self._stop_cache[stop]
 
-    def _generation_config(self, sampling: SamplingSettings) -> GenerationConfig:
+    def _generation_config(self, sampling: SamplingSettings, max_new_tokens: int) -> GenerationConfig:
         greedy = sampling.temperature == 0
         return GenerationConfig(
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
             top_k=None if greedy or sampling.top_k == 0 else sampling.top_k,
-            max_new_tokens=sampling.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self._eos_ids(),
         )
@@ -270,23 +298,62 @@ class HFBackend(Backend):
 
     @torch.inference_mode()
     def _generate_batch(self, prompt_ids: list[list[int]], sampling: SamplingSettings, phase: str) -> list[Generation]:
-        shared, input_ids, attention = self._layout(prompt_ids)
-        width = input_ids.shape[1]
-        recorder = _RawLogProbs(width)
+        """One micro-batch: decoded in one ``generate`` call, or in several when it regroups."""
         opened = [prompt_opens_thinking(self.tokenizer, ids) for ids in prompt_ids]
-        finish = _FinishRecorder(self._stop_criteria(sampling.stop_for(phase)), self._eos_ids(), width, len(prompt_ids),
-                                 self.tokenizer, opened)
+        tokens: list[list[int]] = [[] for _ in prompt_ids]
+        logprobs: list[list[float]] = [[] for _ in prompt_ids]
+        reasons = ["length"] * len(prompt_ids)
+        running = list(range(len(prompt_ids)))
+        while running:
+            spent = len(tokens[running[0]])  # rows still running have all decoded every step so far
+            pause_rows = int(len(running) * REGROUP_SHARE) if self.regroup else 0
+            new_tokens, new_logprobs, ended, paused = self._decode(
+                [prompt_ids[i] + tokens[i] for i in running], [opened[i] for i in running], sampling, phase, spent,
+                pause_rows)
+            for row, index in enumerate(running):
+                tokens[index] += new_tokens[row]
+                logprobs[index] += new_logprobs[row]
+                if ended[row]:
+                    reasons[index] = "stop"
+            running = [index for row, index in enumerate(running) if paused and not ended[row]]
+        return [
+            Generation(
+                text=self.tokenizer.decode(tokens[i], skip_special_tokens=True),
+                prompt_token_ids=list(ids),
+                token_ids=tokens[i],
+                logprobs=logprobs[i],
+                finish_reason=reasons[i],
+            )
+            for i, ids in enumerate(prompt_ids)
+        ]
+
+    def _decode(
+        self, rows: list[list[int]], opened: list[bool], sampling: SamplingSettings, phase: str, spent: int,
+        pause_rows: int,
+    ) -> tuple[list[list[int]], list[list[float]], list[bool], bool]:
+        """One ``generate`` call over ``rows`` (prompts, then ``spent`` reply tokens each).
+
+        Returns each row's new tokens, their log-probs and whether the row ended (stop string or
+        end of sequence), and whether the call paused to regroup (``pause_rows``) rather than
+        ending at the token limit or with every row ended.
+        """
+        shared, input_ids, attention = self._layout(rows)
+        width = input_ids.shape[1]
+        left = sampling.max_new_tokens - spent
+        recorder = _RawLogProbs(width)
+        finish = _FinishRecorder(self._stop_criteria(sampling.stop_for(phase)), self._eos_ids(), width, len(rows),
+                                 self.tokenizer, opened, reply_start=width - spent, pause_rows=pause_rows,
+                                 max_length=width + left)
         was_training = self.model.training
         self.model.eval()
         try:
             extra = {}
             if self.share_prefill and width > 1:
-                max_length = width + sampling.max_new_tokens
-                extra["past_key_values"] = self._shared_prefill(prompt_ids, shared, input_ids, attention, max_length)
+                extra["past_key_values"] = self._shared_prefill(rows, shared, input_ids, attention, width + left)
             sequences = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
-                generation_config=self._generation_config(sampling),
+                generation_config=self._generation_config(sampling, left),
                 logits_processor=LogitsProcessorList([recorder]),
                 stopping_criteria=StoppingCriteriaList([finish]),
                 **extra,
@@ -295,22 +362,11 @@ class HFBackend(Backend):
             self.model.train(was_training)
         logprobs = recorder.logprobs(sequences).cpu()
         generated = sequences[:, width:].cpu()
-        results = []
-        for row, ids in enumerate(prompt_ids):
-            length = int(finish.lengths[row])
-            reason = "stop" if length >= 0 else "length"
-            length = generated.shape[1] if length < 0 else length
-            tokens = generated[row, :length].tolist()
-            results.append(
-                Generation(
-                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                    prompt_token_ids=list(ids),
-                    token_ids=tokens,
-                    logprobs=logprobs[row, :length].tolist(),
-                    finish_reason=reason,
-                )
-            )
-        return results
+        lengths = [int(n) if n >= 0 else generated.shape[1] for n in finish.lengths]
+        new_tokens = [generated[row, :n].tolist() for row, n in enumerate(lengths)]
+        new_logprobs = [logprobs[row, :n].tolist() for row, n in enumerate(lengths)]
+        ended = [bool(n >= 0) for n in finish.lengths]
+        return new_tokens, new_logprobs, ended, finish.paused
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
         if not requests:
@@ -318,10 +374,10 @@ class HFBackend(Backend):
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         prompt_ids = self.encode([r.prompt for r in requests])
-        # A micro-batch decodes until its longest reply stops, so replies of one phase go
-        # together (an action is a few tokens, a reflection dozens: mixed, every action row
-        # would wait out the reflections), and similar prompt lengths share a micro-batch
-        # (little padding).
+        # A micro-batch decodes until its longest reply stops (regrouping only trims the rows
+        # that wait), so replies of one phase go together (an action is a few tokens, a
+        # reflection dozens: mixed, every action row would wait out the reflections), and
+        # similar prompt lengths share a micro-batch (little padding).
         order = sorted(range(len(prompt_ids)), key=lambda i: (requests[i].phase, len(prompt_ids[i])))
         chunks: list[list[int]] = []
         for _, same_phase in itertools.groupby(order, key=lambda i: requests[i].phase):
