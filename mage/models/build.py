@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mage import io
+from mage.backends.base import Backend
 from mage.backends.chat import format_prompt
 from mage.rollout import RolloutConfig
 from mage.models.policy import resolve_device
@@ -154,17 +155,19 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
     return losses
 
 
-def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str, Any], progress: bool) -> dict[str, Any]:
+def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str, Any], progress: bool,
+                     backend: Backend | None = None) -> dict[str, Any]:
     """How the warm start plays: evaluation-style rollouts (``model.tiny.check_*``: meta-
     episodes per split, episodes, seed and sampling; its own settings, so a change to
     ``eval`` does not rebuild the model) against the training and the held-out opponents,
-    per opponent and pooled, with each one's ceiling beside it: how much room it leaves for RL."""
+    per opponent and pooled, with each one's ceiling beside it: how much room it leaves for RL.
+    ``backend``: what generates (default: the ``hf`` backend's defaults on ``model``)."""
     from mage.backends.hf import HFBackend
     from mage.evaluation import evaluate
     from mage.report import per_opponent
 
     build = settings.model.tiny
-    backend = HFBackend(model, tokenizer, chat=settings.model.chat)
+    backend = backend or HFBackend(model, tokenizer, chat=settings.model.chat)
     cfg = replace(settings.eval, meta_episodes=build.check_meta_episodes, group_size=1, early_stop=True,
                   episodes=build.check_episodes, seed=build.check_seed, sampling=build.check_sampling)
     out: dict[str, Any] = {"meta_episodes_per_split": build.check_meta_episodes, "episodes": cfg.episodes,
