@@ -4,7 +4,9 @@ running regrouped into smaller batches, against one ``generate`` call per micro-
 
 Both settings run in one process, alternating, ``--repeats`` times each, on the same model
 and the same planned meta-episodes; the sampled draws differ, so the win rates agree only
-within noise. Decoded rows x steps counts the work each setting's decode steps did.
+within noise. Decoded rows x steps counts the work each setting's decode steps did. A second
+table times one decode step against the number of rows (play prompts of the check, every row
+forced to the token limit), which is what regrouping trades on.
 
     python benchmarks/regroup.py --model-dir artifacts/models/tiny-tic_tac_toe --game tic_tac_toe
 
@@ -44,6 +46,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     manifest = population_manifest(settings)
     runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    play_rows: list[list[int]] = []  # the largest play micro-batch seen, for the step-cost table
     for _ in range(args.repeats):
         for regroup in (False, True):
             backend = HFBackend(model, tokenizer, chat=settings.model.chat, regroup=regroup)
@@ -51,6 +54,8 @@ def main() -> None:
             decode = backend._decode
 
             def counted(rows, opened, sampling, phase, spent, pause_rows, decode=decode, work=work):
+                if phase == "play" and spent == 0 and len(rows) > len(play_rows):
+                    play_rows[:] = rows
                 tokens, logprobs, ended, paused = decode(rows, opened, sampling, phase, spent, pause_rows)
                 steps = max(len(t) for t in tokens)
                 work["calls"] += 1
@@ -80,7 +85,34 @@ def main() -> None:
         print(f"| {name} | {median['seconds']:.1f} ({each('seconds', 1)}) | {median['calls']:.0f} | "
               f"{median['steps']:.0f} | {median['row_steps']:.0f} | {each('train', 3)} | {each('held_out', 3)} |")
     ratio = statistics.median(r["seconds"] for r in runs[False]) / statistics.median(r["seconds"] for r in runs[True])
-    print(f"\nregrouped is {ratio:.2f}x as fast")
+    print(f"\nregrouped is {ratio:.2f}x as fast\n")
+    step_cost(HFBackend(model, tokenizer, chat=settings.model.chat, regroup=False), play_rows,
+              settings.model.tiny.check_sampling)
+
+
+def step_cost(backend, rows: list[list[int]], sampling) -> None:
+    """Milliseconds per decode step against the rows decoding, every row forced to the limit."""
+    from dataclasses import replace
+
+    plain = backend._generation_config
+
+    def forced(sampling, max_new_tokens):  # no end of sequence before the limit
+        config = plain(sampling, max_new_tokens)
+        config.min_new_tokens = max_new_tokens
+        return config
+
+    backend._generation_config = forced
+    sampling = replace(sampling, stop=())
+    print(f"| rows decoding | ms per decode step ({sampling.max_new_tokens} steps, prompts of {len(rows[0])}+ tokens, the prefill included) |")
+    print("|---|---|")
+    for count in (64, 16, 4, 1):
+        batch = rows[:count]
+        if len(batch) < count:
+            continue
+        backend._generate_batch(batch, sampling, "play")  # warm
+        start = time.perf_counter()
+        backend._generate_batch(batch, sampling, "play")
+        print(f"| {count} | {1000 * (time.perf_counter() - start) / sampling.max_new_tokens:.1f} |")
 
 
 if __name__ == "__main__":
