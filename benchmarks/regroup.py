@@ -79,6 +79,7 @@ def main() -> None:
         rows = runs[regroup]
         median = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
         name = "regrouped" if regroup else "one call each"
+
         def each(key: str, digits: int, rows=rows) -> str:
             return ", ".join(f"{r[key]:.{digits}f}" for r in rows)
 

@@ -100,13 +100,12 @@ class _FinishRecorder(StoppingCriteria):
     """
 
     def __init__(self, stop: StopStringCriteria | None, eos_ids: Sequence[int], prompt_length: int, batch: int,
-                 tokenizer: Any = None, thinking_at_start: Sequence[bool] = (), *, reply_start: int | None = None,
-                 pause_rows: int = 0, max_length: int = 0) -> None:
-        self.stop, self.prompt_length, self.tokenizer = stop, prompt_length, tokenizer
-        self.reply_start = prompt_length if reply_start is None else reply_start
+                 tokenizer: Any, thinking_at_start: Sequence[bool], *, reply_start: int, pause_rows: int,
+                 max_length: int) -> None:
+        self.stop, self.prompt_length, self.tokenizer, self.reply_start = stop, prompt_length, tokenizer, reply_start
         self.eos_ids = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
         self.lengths = torch.full((batch,), -1, dtype=torch.long)
-        self.thinking_at_start = list(thinking_at_start) or [False] * batch
+        self.thinking_at_start = list(thinking_at_start)
         self.pause_rows, self.max_length, self.paused = pause_rows, max_length, False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
