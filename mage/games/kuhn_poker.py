@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pyspiel
 
-from mage.games.base import Episode, Game, InitialState, Move, Outcome, check_param
+from mage.games.base import Game, InitialState, check_param
+from mage.games.openspiel_episode import OpenSpielEpisode
 
 PASS, BET = 0, 1
 CARD_NAMES = ("Jack (J)", "Queen (Q)", "King (K)")
@@ -96,42 +97,11 @@ class KuhnPoker(Game):
         return f"You are Player {initial.agent_seat + 1} ({order}). Your card: {CARD_NAMES[card]}."
 
 
-class KuhnEpisode(Episode):
-    def __init__(self, game: KuhnPoker, initial: InitialState, opponent: Any) -> None:
-        self.game = game
-        self.initial = initial
-        self.opponent = opponent
-        self.agent = initial.agent_seat
-        self.history = []
-        self.state = game.openspiel_game.new_initial_state()
-        for card in initial.data["cards"]:
-            self.state.apply_action(int(card))
-        self._let_opponent_move()
-
-    # -- turn loop ---------------------------------------------------------------------
-    def _apply(self, actor: str, action: int) -> None:
-        name = action_word(action, facing_bet(betting_history(self.state)))
-        self.history.append(Move(actor, action, name))
-        self.state.apply_action(action)
-
-    def _let_opponent_move(self) -> None:
-        while not self.state.is_terminal() and self.state.current_player() != self.agent:
-            self._apply("opponent", int(self.opponent.act(self.state)))
-
-    def apply_agent_actions(self, actions: Sequence[int]) -> None:
-        for action in actions:
-            if self.is_terminal or self.state.current_player() != self.agent:
-                break
-            if action not in self.state.legal_actions():
-                raise ValueError(f"illegal Kuhn action {action}")
-            self._apply("agent", int(action))
-            self._let_opponent_move()
+class KuhnEpisode(OpenSpielEpisode):
+    def move_name(self, action: int) -> str:
+        return action_word(action, facing_bet(betting_history(self.state)))
 
     # -- queries -----------------------------------------------------------------------
-    @property
-    def is_terminal(self) -> bool:
-        return self.state.is_terminal()
-
     def legal_actions(self) -> dict[str, int]:
         if self.is_terminal:
             return {}
@@ -143,18 +113,6 @@ class KuhnEpisode(Episode):
         if aliases:  # the spec's generic names are accepted in every situation
             aliases.update({"pass": PASS, "bet": BET})
         return aliases
-
-    def outcome(self) -> Outcome:
-        if not self.is_terminal:
-            return Outcome.ONGOING
-        payoff = self.state.returns()[self.agent]
-        return Outcome.WIN if payoff > 0 else Outcome.LOSS if payoff < 0 else Outcome.DRAW
-
-    def chips_won(self) -> float:
-        return float(self.state.returns()[self.agent]) if self.is_terminal else 0.0
-
-    def agent_return(self) -> float:
-        return self.game.payoff_scale * self.chips_won()
 
     def _pot(self) -> tuple[int, int]:
         """Chips put in by (agent, opponent), antes included."""
@@ -179,7 +137,7 @@ class KuhnEpisode(Episode):
         return "\n".join(lines)
 
     def render_result(self) -> str:
-        chips = self.chips_won()
+        chips = self.utility()  # OpenSpiel scores Kuhn Poker in chips
         won_lost = f"won {abs(chips):g} chip{'s' if abs(chips) != 1 else ''}"
         if chips < 0:
             won_lost = won_lost.replace("won", "lost")

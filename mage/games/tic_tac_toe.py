@@ -8,14 +8,14 @@ than the empty one can be replayed exactly as well.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
 import numpy as np
 import pyspiel
 
-from mage.games.base import Episode, Game, InitialState, Move, Outcome, check_param
+from mage.games.base import Game, InitialState, Outcome, check_param
+from mage.games.openspiel_episode import OpenSpielEpisode
 
 MARKS = ("X", "O")
 
@@ -101,53 +101,14 @@ class TicTacToe(Game):
         return f"You are Player {seat + 1} and play {MARKS[seat]} ({order}). Starting board:\n{render_board(state)}"
 
 
-class TicTacToeEpisode(Episode):
-    def __init__(self, game: TicTacToe, initial: InitialState, opponent: Any) -> None:
-        self.game = game
-        self.initial = initial
-        self.opponent = opponent
-        self.agent = initial.agent_seat
-        self.history = []
-        self.state = game.openspiel_game.new_initial_state()
-        for action in initial.data.get("opening", []):
-            self.state.apply_action(int(action))
-        self._let_opponent_move()
-
-    def _apply(self, actor: str, action: int) -> None:
-        mark = MARKS[self.state.current_player()]
-        self.history.append(Move(actor, action, f"{mark} at {cell_name(action)}"))
-        self.state.apply_action(action)
-
-    def _let_opponent_move(self) -> None:
-        while not self.state.is_terminal() and self.state.current_player() != self.agent:
-            self._apply("opponent", int(self.opponent.act(self.state)))
-
-    def apply_agent_actions(self, actions: Sequence[int]) -> None:
-        for action in actions:
-            if self.is_terminal or self.state.current_player() != self.agent:
-                break
-            if action not in self.state.legal_actions():
-                raise ValueError(f"illegal Tic-Tac-Toe action {action}")
-            self._apply("agent", int(action))
-            self._let_opponent_move()
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.state.is_terminal()
+class TicTacToeEpisode(OpenSpielEpisode):
+    def move_name(self, action: int) -> str:
+        return f"{MARKS[self.state.current_player()]} at {cell_name(action)}"
 
     def legal_actions(self) -> dict[str, int]:
         if self.is_terminal:
             return {}
         return {cell_name(a): a for a in self.state.legal_actions()}
-
-    def outcome(self) -> Outcome:
-        if not self.is_terminal:
-            return Outcome.ONGOING
-        payoff = self.state.returns()[self.agent]
-        return Outcome.WIN if payoff > 0 else Outcome.LOSS if payoff < 0 else Outcome.DRAW
-
-    def agent_return(self) -> float:
-        return self.game.payoff_scale * float(self.state.returns()[self.agent]) if self.is_terminal else 0.0
 
     def render_state(self) -> str:
         lines = [f"You play {MARKS[self.agent]}. Board:", render_board(self.state), "Moves so far:", self.render_history()]
