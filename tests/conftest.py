@@ -118,15 +118,31 @@ def teach(model, tokenizer, replies: dict[str, str], steps: int) -> float:
 
 
 @pytest.fixture(scope="session")
-def taught_model_dir(tmp_path_factory):
+def taught_model_dir(tmp_path_factory, worker_id):
     """A small model (head size 32: vLLM's CPU attention needs >= 32) trained to answer the
-    TAUGHT prompts (chat-formatted) with their replies, saved to a directory."""
+    TAUGHT prompts (chat-formatted) with their replies, saved to a directory. Teaching takes
+    about a minute of a busy CPU, so the pytest-xdist workers of one run share one copy: the
+    first to get the lock builds it, the others wait and read it."""
+    if worker_id == "master":  # no xdist: this session's own directory
+        return _teach_model(tmp_path_factory.mktemp("taught-model"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    directory = shared / "taught-model"
+    with FileLock(str(shared / "taught-model.lock")):
+        if not directory.is_dir():
+            building = shared / f"taught-model.{worker_id}"
+            building.mkdir()
+            _teach_model(building).rename(directory)  # whole or absent: a failed build leaves no half model
+    return directory
+
+
+def _teach_model(directory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mage.models.tiny import random_model, train_tokenizer
 
-    directory = tmp_path_factory.mktemp("taught-model")
     tokenizer = train_tokenizer(game_text_corpus() + list(TAUGHT) + list(TAUGHT.values()), vocab_size=400)
     model = random_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
     model.save_pretrained(directory)
