@@ -47,6 +47,8 @@ class TinyBuild:
     bc_rules: tuple[str | dict[str, Any], ...] = ("random",)
     bc_meta_episodes: PositiveInt = 512
     bc_short_steps: NonNegativeInt = 0  # first phase: prompts cut to their last bc_context_tokens tokens
+    # of the short steps, the first this share: play calls only (a reflection's tokens outnumber a move's)
+    bc_moves_only_share: Annotated[float, Field(ge=0, le=1)] = 0.0
     bc_short_batch_rows: PositiveInt = 64
     bc_context_tokens: PositiveInt = 64
     bc_steps: NonNegativeInt = 270  # second phase: whole prompts
@@ -55,6 +57,8 @@ class TinyBuild:
     # of every batch's calls: reflections, over-sampled; None: as they come
     bc_reflection_share: Annotated[float, Field(gt=0, lt=1)] | None = None
     bc_learning_rate: Annotated[float, Field(gt=0, le=1)] = 1e-3
+    # of all steps, the first this share at bc_learning_rate; then a linear decay to a tenth
+    bc_constant_lr_share: Annotated[float, Field(ge=0, le=1)] = 0.0
     # preset.json's description of the warm start: evaluation-style rollouts per opponent
     check_meta_episodes: PositiveInt = 64  # per split
     check_episodes: Annotated[int, Field(ge=1, le=100)] = 3

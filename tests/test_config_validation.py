@@ -74,6 +74,8 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "model.tiny.num_heads": st.integers(1, 128).filter(lambda h: 128 % h != 0) | below(1),
     "model.tiny.vocab_size": below(512),
     "model.tiny.bc_learning_rate": outside(0, 1, low_open=True),
+    "model.tiny.bc_moves_only_share": outside(0, 1),
+    "model.tiny.bc_constant_lr_share": outside(0, 1),
     "algo.objective": words({"differential", "cumulative", "single_episode"}),
     "algo.norm": words({"mean_norm", "mean_std_norm"}),
     "algo.grouping": words({"stationary", "mixed"}),

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
+import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mage.models.build import build_tiny
+import mage.models.build as build_module
+from mage.config import compose
+from mage.models.build import WARM_START_ROLLOUT, behaviour_cloning, build_tiny, fresh_model, learning_rate_factor
+from mage.models.tiny import scripted_tables
 from mage.models.policy import load_policy
 from mage.settings import load_settings
 from mage.models.policy import ensure_model
@@ -69,3 +74,40 @@ def test_a_hub_preset_loads_from_a_local_directory(tiny_model_dir, tmp_path):
     assert ensure_model(settings) == str(tiny_model_dir)
     policy = load_policy(ensure_model(settings), dtype=settings.model.dtype, lora=settings.model.lora)
     assert policy.is_lora and sum(p.numel() for p in policy.model.parameters() if p.requires_grad) > 0
+
+
+def test_learning_rate_schedule_by_hand():
+    # 10 steps, 0.4 of them constant: steps 0-4 at the full rate, then 0.9 off over the last 6
+    assert [round(learning_rate_factor(s, 10, 0.4), 6) for s in (0, 4, 5, 7, 10)] == [1.0, 1.0, 0.85, 0.55, 0.1]
+    # no constant share: the linear decay over all steps, as before the option existed
+    assert [round(learning_rate_factor(s, 10, 0.0), 6) for s in (0, 5, 10)] == [1.0, 0.55, 0.1]
+    assert learning_rate_factor(0, 0, 0.0) == 1.0 and learning_rate_factor(3, 3, 1.0) == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # the stand-in steps nothing
+def test_cloning_phases_draw_the_calls_they_say(monkeypatch):
+    """Moves-only short steps see no reflection; the later steps carry bc_reflection_share of
+    them; the short phases see the prompts' last bc_context_tokens tokens, the whole phase all
+    of them; the learning rate follows the schedule."""
+    build = load_settings(["game=sokoban", *SMALL, "model.tiny.bc_short_steps=4", "model.tiny.bc_moves_only_share=0.5",
+                           "model.tiny.bc_steps=2", "model.tiny.bc_reflection_share=0.25",
+                           "model.tiny.bc_short_batch_rows=8", "model.tiny.bc_batch_rows=8",
+                           "model.tiny.bc_context_tokens=16", "model.tiny.bc_constant_lr_share=0.5"]).model.tiny
+    tokenizer, model, _ = fresh_model(build)
+    table = scripted_tables(compose(["game=sokoban"]), [{"rule": "wanderer", "solver_probability": 0.3}], 16, 0,
+                            rollout=WARM_START_ROLLOUT)
+    reflecting = set(np.flatnonzero((table["phase"] == "reflect").to_numpy()).tolist())
+    assert reflecting and len(reflecting) < table.height
+    steps = []
+
+    def record(model, optimizer, prompts, responses, rows, pad_id):
+        steps.append((rows, max(len(prompts[i]) for i in rows), optimizer.param_groups[0]["lr"]))
+        return 0.0
+
+    monkeypatch.setattr(build_module, "_bc_step", record)
+    behaviour_cloning(model, tokenizer, table, build, progress=False)
+    assert len(steps) == 6
+    assert [sum(i in reflecting for i in rows) for rows, _, _ in steps] == [0, 0, 2, 2, 2, 2]
+    assert [length <= 16 for _, length, _ in steps] == [True] * 4 + [False] * 2
+    # the first 3 of 6 steps constant, so the decay starts from step 3 and takes 0.9 off by step 6
+    assert [round(lr, 9) for _, _, lr in steps] == [1e-3, 1e-3, 1e-3, 1e-3, 7e-4, 4e-4]

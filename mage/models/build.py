@@ -89,8 +89,8 @@ def _bc_batches(prompts: list[list[int]], reflecting: set[int], rows_per_batch: 
     """One pass of batches. A batch draws ``reflection_share`` of its calls from the reflections
     (over-sampled: they are a tenth of the calls, and the reply's opening tag, ``<remark>`` or
     ``<action>``, is learnt only if both phases are common); ``None`` mixes every call
-    uniformly. ``by_prompt`` cuts batches from calls in prompt order, so a micro-batch shares
-    a long prefix; the batches come shuffled."""
+    uniformly, and ``0`` leaves the reflections out. ``by_prompt`` cuts batches from calls in
+    prompt order, so a micro-batch shares a long prefix; the batches come shuffled."""
     if reflection_share is None:
         reflecting = set()
     plays = [i for i in range(len(prompts)) if i not in reflecting]
@@ -107,21 +107,32 @@ def _bc_batches(prompts: list[list[int]], reflecting: set[int], rows_per_batch: 
     return [chunks[k] for k in rng.permutation(len(chunks)) if chunks[k]]
 
 
+def learning_rate_factor(step: int, total_steps: int, constant_share: float) -> float:
+    """The build's schedule: the full rate for the first ``constant_share`` of the steps, then a
+    linear decay that reaches a tenth at the last step."""
+    constant = round(constant_share * total_steps)
+    return 1.0 - 0.9 * min(max(step - constant, 0) / max(total_steps - constant, 1), 1.0)
+
+
 def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, progress: bool) -> list[float]:
     """Supervised learning of the scripted replies (loss on response tokens only), in two phases:
 
     1. ``bc_short_steps`` steps of ``bc_short_batch_rows`` calls on the prompts' last
        ``bc_context_tokens`` tokens: cheap steps where a move must be read off the nearby
        state (Tic-Tac-Toe's list of empty cells: a copy a small model learns from thousands of
-       examples, not from a few hundred whole prompts);
+       examples, not from a few hundred whole prompts). The first ``bc_moves_only_share`` of
+       them take play calls only: a Sokoban reflection is ninety tokens against a move's
+       eight, and with reflections in every batch the model learnt them and never read the
+       board (BENCHMARKS.md);
     2. ``bc_steps`` steps of ``bc_batch_rows`` calls on whole prompts, shuffled, or with
        ``bc_batches_by_prompt`` batched by prompt order so that a batch shares a long prefix
        (faster, but a batch's calls are alike: on Kuhn Poker the model then stops reading the
        legal actions).
 
-    ``bc_reflection_share`` of every batch are reflections (:func:`_bc_batches`).
+    ``bc_reflection_share`` of the other steps' calls are reflections (:func:`_bc_batches`).
 
-    The learning rate decays linearly to a tenth over both phases."""
+    The learning rate holds for the first ``bc_constant_lr_share`` of all steps, then decays
+    linearly to a tenth (:func:`learning_rate_factor`)."""
     # One batched call each: the fast tokenizer encodes a list in one pass (twice as fast as a
     # call per text on the thousands of calls here), with the same ids.
     prompts = tokenizer([format_prompt(tokenizer, p) for p in table["prompt"].to_list()],
@@ -129,23 +140,30 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
     responses = tokenizer(table["response"].to_list(), add_special_tokens=False)["input_ids"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=build.bc_learning_rate)
     total_steps = build.bc_short_steps + build.bc_steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - 0.9 * min(step / max(total_steps, 1), 1.0))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: learning_rate_factor(step, total_steps, build.bc_constant_lr_share))
     rng = np.random.default_rng(build.seed)
     losses: list[float] = []
     model.train()
     bar = tqdm(total=total_steps, desc="behaviour cloning", unit="step", disable=not progress)
     short = [ids[-build.bc_context_tokens:] for ids in prompts]
     reflecting = set(np.flatnonzero((table["phase"] == "reflect").to_numpy()).tolist())
-    by_prompt = {"short": False, "whole": build.bc_batches_by_prompt}
-    for phase, steps, rows_per_step in (("short", build.bc_short_steps, build.bc_short_batch_rows),
-                                        ("whole", build.bc_steps, build.bc_batch_rows)):
-        chunks = _bc_batches(prompts, reflecting, rows_per_step, build.bc_reflection_share, by_prompt[phase], rng)
+    moves_only = round(build.bc_moves_only_share * build.bc_short_steps)
+    # (name, steps, calls a step, their prompts, share of reflections (0: none), batched by prompt)
+    phases = (("moves", moves_only, build.bc_short_batch_rows, short, 0.0, False),
+              ("short", build.bc_short_steps - moves_only, build.bc_short_batch_rows, short,
+               build.bc_reflection_share, False),
+              ("whole", build.bc_steps, build.bc_batch_rows, prompts, build.bc_reflection_share,
+               build.bc_batches_by_prompt))
+    for phase, steps, rows_per_step, inputs, share, by_prompt in phases:
+        if phase == "moves" and not steps:
+            continue  # no draws from rng: a build without this phase is the same as before it existed
+        chunks = _bc_batches(prompts, reflecting, rows_per_step, share, by_prompt, rng)
         for index in range(steps):
             if index and index % len(chunks) == 0:
-                chunks = _bc_batches(prompts, reflecting, rows_per_step, build.bc_reflection_share, by_prompt[phase], rng)
+                chunks = _bc_batches(prompts, reflecting, rows_per_step, share, by_prompt, rng)
             rows = chunks[index % len(chunks)]
-            loss = _bc_step(model, optimizer, short if phase == "short" else prompts, responses, rows,
-                            tokenizer.pad_token_id)
+            loss = _bc_step(model, optimizer, inputs, responses, rows, tokenizer.pad_token_id)
             schedule.step()
             losses.append(loss)
             bar.update(1)
