@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mage.models.build as build_module
 from mage.config import compose
-from mage.models.build import WARM_START_ROLLOUT, behaviour_cloning, build_tiny, fresh_model, learning_rate_factor
+from mage.models.build import (WARM_START_ROLLOUT, behaviour_cloning, build_differences, build_tiny, fresh_model,
+                               learning_rate_factor)
 from mage.models.tiny import scripted_tables
 from mage.models.policy import load_policy
 from mage.settings import load_settings
@@ -65,6 +66,12 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
         assert ensure_model(changed, progress=False) == str(directory)  # once per process, not per call
     assert [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records] == ["bc_steps 2 -> 3, seed 0 -> 7"]
     assert (directory / "model.safetensors").read_bytes() == weights
+    # A preset built before a setting existed was built as its default: no difference to warn of.
+    preset = json.loads((directory / "preset.json").read_text())
+    del preset["build"]["bc_moves_only_share"]
+    (directory / "preset.json").write_text(json.dumps(preset))
+    assert build_differences(directory, settings.model.tiny) == {}
+    assert build_differences(directory, changed.model.tiny) == {"bc_steps": (2, 3), "seed": (0, 7)}
 
 
 def test_a_hub_preset_loads_from_a_local_directory(tiny_model_dir, tmp_path):
