@@ -13,10 +13,9 @@ import mage.models.build as build_module
 from mage.config import compose
 from mage.models.build import (WARM_START_ROLLOUT, behaviour_cloning, build_differences, build_tiny, fresh_model,
                                learning_rate_factor)
+from mage.models.policy import ensure_model, load_policy
 from mage.models.tiny import scripted_tables
-from mage.models.policy import load_policy
 from mage.settings import load_settings
-from mage.models.policy import ensure_model
 
 SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
          "model.tiny.vocab_size=512", "model.tiny.corpus_meta_episodes=16", "model.tiny.bc_meta_episodes=32",

@@ -237,11 +237,10 @@ def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tupl
         return {}
     if not isinstance(built, dict):
         return {}
-    asked = _recorded(build)
     # a setting added after the preset was built: it was built as that setting's default
-    defaults = _recorded(TinyBuild())
-    return {key: (built.get(key, defaults.get(key)), asked.get(key)) for key in sorted(set(built) | set(asked))
-            if built.get(key, defaults.get(key)) != asked.get(key)}
+    built, asked = {**_recorded(TinyBuild()), **built}, _recorded(build)
+    return {key: (built.get(key), asked.get(key)) for key in sorted(set(built) | set(asked))
+            if built.get(key) != asked.get(key)}
 
 
 def fresh_model(build: TinyBuild, progress: bool = False) -> tuple[Any, Any, list[str]]:
