@@ -220,6 +220,48 @@ def test_sokoban_wanderer_mixes_the_solver_with_random_moves():
         make_rule("kuhn_poker", "wanderer")
 
 
+def test_surroundings_are_the_3x3_cells_around_the_player():
+    from mage.backends.scripted import surroundings
+    from mage.games.sokoban.level import Level
+
+    level = Level.from_text("""
+        #####
+        #._$#
+        #@*_#
+        #####
+    """)
+    assert surroundings(level) == " # . _, # @ *, # # #"
+    # a player on a target, and a cell outside the grid reads as wall
+    edge = Level.from_text("""
+        +$_
+        ._$
+    """)
+    assert surroundings(edge) == " # # #, # + $, # . _"
+
+
+def test_a_wanderer_that_looks_around_thinks_its_surroundings_then_moves_the_same():
+    from mage.backends.scripted import make_rule
+
+    sokoban = compose(["game=sokoban"])
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    config = RolloutConfig(group_size=1, early_stop=False)
+    looking, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.5, "look_around": True}, config,
+                     game_params=sokoban.game.params)
+    plain, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.5}, config, game_params=sokoban.game.params)
+    plays = looking.filter(pl.col("phase") == "play")
+    # the thought takes no random draws: the same moves as without it
+    assert plays["action"].to_list() == plain.filter(pl.col("phase") == "play")["action"].to_list()
+    for prompt, response in zip(plays["prompt"], plays["response"]):
+        board = prompt.rsplit("Board:\n", 1)[1].splitlines()[1:7]  # the current board's rows, labels first
+        cells = [row.split()[1:] for row in board]
+        (r, c), = [(r, c) for r, row in enumerate(cells) for c, s in enumerate(row) if s in "@+"]
+        patch = ", ".join(" ".join(cells[r + dr][c + dc] for dc in (-1, 0, 1)) for dr in (-1, 0, 1))
+        assert response.startswith(f"<think> {patch}</think><action>")
+    assert plays["valid"].all()  # the engine parses past the thought
+    with pytest.raises(ValueError, match="look_around must be true or false"):
+        make_rule("sokoban", {"rule": "wanderer", "look_around": "yes"})
+
+
 def test_a_sokoban_row_s_anchor_leaves_out_the_move_counter():
     sokoban = compose(["game=sokoban"])
     spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)

@@ -15,7 +15,8 @@ A rule (:func:`make_rule`) is named in config as a string, or as a mapping ``{ru
   the agent's seat (Kuhn's ``timid``, Tic-Tac-Toe's ``beginner``, ...);
 * Sokoban: ``solver`` (the next moves of an optimal solution) and ``wanderer`` (each move
   is the solver's with probability ``solver_probability``, else a random direction: it
-  solves short levels and wanders on long ones).
+  solves short levels and wanders on long ones). ``{rule: wanderer, look_around: true}``
+  first writes the 3x3 cells around the player inside ``<think>`` (:func:`surroundings`).
 
 A Python callable ``episode -> actions`` is accepted as well (tests use it).
 """
@@ -56,15 +57,39 @@ def solver_rule(episode: Any, rng: np.random.Generator | None = None) -> list[in
     return [ACTIONS[m] for m in plan[: episode.game.moves_per_turn]]
 
 
+def surroundings(level: Any) -> str:
+    """The 3x3 cells around the player in the board's symbols, rows in reading order
+    separated by commas (`` # # #, # @ _, # $ .``; outside the grid reads as wall). Each cell is
+    the same token as in the prompt's board, so a model that writes this copies cells."""
+    from mage.games.sokoban.level import WALL
+
+    row, col = level.player
+    return ",".join(
+        "".join(f" {level.symbol((r, c)) if level.in_bounds((r, c)) else WALL}" for c in (col - 1, col, col + 1))
+        for r in (row - 1, row, row + 1))
+
+
 class WandererRule:
     """Sokoban: each move of a turn is the optimal solver's next move with probability
     ``solver_probability``, else a uniformly random direction (a deadlocked position gets
-    random moves only). Short levels survive a few random steps; long ones rarely do."""
+    random moves only). Short levels survive a few random steps; long ones rarely do.
 
-    def __init__(self, solver_probability: float = 0.75) -> None:
+    ``look_around``: the reply first thinks the 3x3 cells around the player
+    (:func:`surroundings`). The solver's next move is read off that patch 69% of the time
+    (BENCHMARKS.md), so a model cloned on it is taught to read the board where its moves
+    depend on it, a token at a time, instead of only through the moves."""
+
+    def __init__(self, solver_probability: float = 0.75, look_around: bool = False) -> None:
         if not 0.0 <= solver_probability <= 1.0:
             raise ValueError(f"wanderer: solver_probability must be in [0, 1], got {solver_probability}")
+        if not isinstance(look_around, bool):
+            raise ValueError(f"wanderer: look_around must be true or false, got {look_around!r}")
         self.solver_probability = float(solver_probability)
+        self.look_around = look_around
+
+    def thought(self, episode: Any) -> str | None:
+        """What the reply thinks before its moves, from the position they start from."""
+        return surroundings(episode.level) if self.look_around else None
 
     def __call__(self, episode: Any, rng: np.random.Generator) -> list[int]:
         from mage.games.sokoban import solve
@@ -163,7 +188,12 @@ class ScriptedBackend(Backend):
         return lambda episode, rng: list(rule(episode))
 
     def _play(self, episode: Any) -> str:
-        moves = ", ".join(_move_names(episode, self._rule_for(episode)(episode, self.rng)))
+        rule = self._rule_for(episode)
+        # the rule's own thought (before its moves are applied), else the fixed one of `think`
+        own = rule.thought(episode) if hasattr(rule, "thought") else None
+        moves = ", ".join(_move_names(episode, rule(episode, self.rng)))
+        if own is not None:
+            return f"<think>{own}</think><action>{moves}</action>"
         thought = "<think>I follow my plan.</think>\n" if self.think else ""
         return f"{thought}<action>{moves}</action>"
 
