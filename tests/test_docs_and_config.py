@@ -48,7 +48,7 @@ def test_a_wrong_key_or_value_names_the_key_and_what_is_allowed(override, messag
 def test_every_preset_and_the_paper_experiment_compose():
     for overrides in ([], ["game=tic_tac_toe"], ["game=sokoban"], ["model=qwen3_4b"], ["model=qwen2_5_0_5b"],
                       ["algo=grpo"], ["algo=lamer"], ["algo=gigpo"], ["+experiment=paper"],
-                      ["+experiment=tic_tac_toe_long"]):
+                      ["+experiment=tic_tac_toe_long"], ["+experiment=sokoban_long"]):
         settings = load_settings(overrides)
         assert settings.run_name
     # the long Tic-Tac-Toe run is the game's tiny preset (its warm start and baseline), longer
@@ -57,6 +57,13 @@ def test_every_preset_and_the_paper_experiment_compose():
     assert (long.game.name, long.train.iterations, long.eval.meta_episodes) == ("tic_tac_toe", 20, 512)
     assert (long.model, long.population) == (default.model, default.population)
     assert (default.algo.kl_coef, long.algo) == (0.1, dataclasses.replace(default.algo, kl_coef=0.5))
+    # the long Sokoban run: its own warm start (the wanderer that thinks the cells around the
+    # player, a longer build) in its own directory, so the default preset is kept
+    long, default = load_settings(["+experiment=sokoban_long"]), load_settings(["game=sokoban"])
+    assert (long.game, long.population, long.algo) == (default.game, default.population, default.algo)
+    assert long.model.path != default.model.path and long.model.local_dir == long.model.path
+    assert long.model.tiny.bc_rules == ({"rule": "wanderer", "solver_probability": 0.75, "look_around": True},)
+    assert long.train.iterations > default.train.iterations
     paper = load_settings(["+experiment=paper"])
     assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.rollout.group_size) == (
         "qwen3_4b", "vllm", 16, 8)

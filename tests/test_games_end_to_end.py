@@ -31,16 +31,23 @@ FIELDS = ("meta_episodes", "first_win_rate", "final_win_rate", "win_rate_gain", 
           "max_win_probability", "invalid_rate")
 
 
-@pytest.mark.parametrize("game", sorted(WARM_START))
-def test_the_pipeline_runs_every_game_from_nothing(game, tmp_path):
+#: (game, its overrides, the preset's directory): each game's default, and the named long
+#: Sokoban option (its own warm start, which thinks the cells around the player; its own directory)
+RUNS = [(game, [f"game={game}"], f"tiny-{game}") for game in sorted(WARM_START)] + [
+    ("sokoban", ["+experiment=sokoban_long"], "tiny-sokoban-long")]
+
+
+@pytest.mark.parametrize(("game", "chosen", "preset_dir"), RUNS, ids=[" ".join(run[1]) for run in RUNS])
+def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp_path):
     memory.forget()
-    overrides = [f"game={game}", f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *SMOKE]
+    overrides = [*chosen, f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *SMOKE]
     result = pipeline(overrides)
     memory.forget()
 
-    preset = json.loads((tmp_path / "models" / f"tiny-{game}" / "preset.json").read_text())
+    preset = json.loads((tmp_path / "models" / preset_dir / "preset.json").read_text())
     rule = preset["build"]["bc_rules"][0]
     assert (rule if isinstance(rule, str) else rule["rule"]) == WARM_START[game]  # the game's own player
+    assert (isinstance(rule, dict) and rule.get("look_around", False)) == ("+experiment=sokoban_long" in chosen)
     report = json.loads((Path(result["report"]) / "report.json").read_text())
     assert report["about"]["game"] == game and report["about"]["checkpoint"].endswith("ckpt-00001")
     entries = population_entries(compose([f"game={game}"]))

@@ -75,9 +75,10 @@ class WandererRule:
     random moves only). Short levels survive a few random steps; long ones rarely do.
 
     ``look_around``: the reply first thinks the 3x3 cells around the player
-    (:func:`surroundings`). The solver's next move is read off that patch 69% of the time
-    (BENCHMARKS.md), so a model cloned on it is taught to read the board where its moves
-    depend on it, a token at a time, instead of only through the moves."""
+    (:func:`surroundings`). That patch's commonest solver move is the solver's next move two
+    times in three (``benchmarks/sokoban_local_policy.py``), so a model cloned on it is taught
+    to read the board where its moves depend on it, a cell at a time, not only through the
+    moves."""
 
     def __init__(self, solver_probability: float = 0.75, look_around: bool = False) -> None:
         if not 0.0 <= solver_probability <= 1.0:
