@@ -122,8 +122,9 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
        state (Tic-Tac-Toe's list of empty cells: a copy a small model learns from thousands of
        examples, not from a few hundred whole prompts). The first ``bc_moves_only_share`` of
        them take play calls only: a Sokoban reflection is ninety tokens against a move's
-       eight, so reflections outweigh the moves in a batch's loss (BENCHMARKS.md: one probe
-       read the board with moves first, two builds with this setting did not);
+       eight, so reflections outweigh the moves in a batch's loss. (On the moves alone the
+       board-reading came in one build of three; with the wanderer that first thinks the
+       cells around the player, ``+experiment=sokoban_long``, in 1000 steps: BENCHMARKS.md);
     2. ``bc_steps`` steps of ``bc_batch_rows`` calls on whole prompts, shuffled, or with
        ``bc_batches_by_prompt`` batched by prompt order so that a batch shares a long prefix
        (faster, but a batch's calls are alike: on Kuhn Poker the model then stops reading the
