@@ -160,17 +160,18 @@ def main() -> None:
     whole = encode(train["prompt"].to_list())
     short = [ids[-args.context_tokens :] for ids in whole]
     responses = tokenizer(train["response"].to_list(), add_special_tokens=False)["input_ids"]
-    action = tokenizer.convert_tokens_to_ids("<action>")
-    test_whole = [p + [action] for p in encode(held_out["prompt"].to_list())]
-    test_short = [p[-args.context_tokens - 1 :] for p in test_whole]
     test_moves = [first_move(a) for a in held_out["action"].to_list()]
     direction_ids = tokenizer.convert_tokens_to_ids(list(DIRECTIONS))
-    test_replies = tokenizer(held_out["response"].to_list(), add_special_tokens=False)["input_ids"]
-    if looking:  # the thought's fixed shape, which score_looking indexes
+    test_replies: list[list[int]] = []
+    if looking:  # the reply follows the prompt; the thought's fixed shape is what score_looking indexes
+        test_replies = tokenizer(held_out["response"].to_list(), add_special_tokens=False)["input_ids"]
         ends = tokenizer.convert_tokens_to_ids(["</think>", "<action>"])
         assert all(r[THOUGHT_END : FIRST_MOVE] == ends for r in test_replies), "a thought is not 9 cell tokens"
-        test_whole = encode(held_out["prompt"].to_list())  # the reply follows: no <action> appended
-        test_short = [p[-args.context_tokens :] for p in test_whole]
+        test_whole = encode(held_out["prompt"].to_list())
+    else:  # the move follows <action>
+        action = tokenizer.convert_tokens_to_ids("<action>")
+        test_whole = [p + [action] for p in encode(held_out["prompt"].to_list())]
+    test_short = [p[-args.context_tokens - (not looking) :] for p in test_whole]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
     majority = np.bincount(test_moves, minlength=4).max() / len(test_moves)
     print(f"# {platform.node()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads; "

@@ -28,16 +28,15 @@ import platform
 import numpy as np
 
 from mage.games.sokoban.generator import generate_level
-from mage.games.sokoban.level import MOVE_NAMES, WALL, Level
+from mage.games.sokoban.level import MOVE_NAMES, Level
 from mage.games.sokoban.solver import solve
 
 PLUS = (1, 3, 4, 5, 7)  # of the 3x3 patch in reading order: the four neighbours and the player
 
 
-def patch(level: Level, radius: int) -> tuple[str, ...]:
-    row, col = level.player
-    return tuple(level.symbol((r, c)) if level.in_bounds((r, c)) else WALL
-                 for r in range(row - radius, row + radius + 1) for c in range(col - radius, col + radius + 1))
+def patch(level: Level, radius: int) -> str:
+    """The cells around the player in reading order, one symbol each (a table key)."""
+    return "".join(level.around_player(radius))
 
 
 def wander(level: Level, rng: np.random.Generator, solver_probability: float) -> tuple[tuple[str, ...], Level]:
@@ -60,7 +59,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    keys = {"four neighbours": lambda lv: tuple(patch(lv, 1)[i] for i in PLUS), "3x3": lambda lv: patch(lv, 1),
+    keys = {"four neighbours": lambda lv: "".join(patch(lv, 1)[i] for i in PLUS), "3x3": lambda lv: patch(lv, 1),
             "5x5": lambda lv: patch(lv, 2)}
     first = {name: collections.defaultdict(collections.Counter) for name in keys}  # patch -> next move
     turns = {name: collections.defaultdict(collections.Counter) for name in ("four neighbours", "3x3")}

@@ -61,12 +61,7 @@ def surroundings(level: Any) -> str:
     """The 3x3 cells around the player in the board's symbols, rows in reading order
     separated by commas (`` # # #, # @ _, # $ .``; outside the grid reads as wall). Each cell is
     the same token as in the prompt's board, so a model that writes this copies cells."""
-    from mage.games.sokoban.level import WALL
-
-    row, col = level.player
-    return ",".join(
-        "".join(f" {level.symbol((r, c)) if level.in_bounds((r, c)) else WALL}" for c in (col - 1, col, col + 1))
-        for r in (row - 1, row, row + 1))
+    return ",".join("".join(f" {symbol}" for symbol in row) for row in level.around_player())
 
 
 class WandererRule:

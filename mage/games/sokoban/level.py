@@ -154,6 +154,14 @@ class Level:
             return BOX_ON_TARGET if on_target else BOX
         return TARGET if on_target else FLOOR
 
+    def around_player(self, radius: int = 1) -> list[str]:
+        """The square of side ``2 * radius + 1`` centred on the player, one string of symbols
+        per row; cells outside the grid read as wall."""
+        row, col = self.player
+        return ["".join(self.symbol((r, c)) if self.in_bounds((r, c)) else WALL
+                        for c in range(col - radius, col + radius + 1))
+                for r in range(row - radius, row + radius + 1)]
+
     def rows(self) -> list[str]:
         """The bare symbol grid, one string per row (the inverse of :meth:`from_text`)."""
         return ["".join(self.symbol((r, c)) for c in range(self.width)) for r in range(self.height)]
