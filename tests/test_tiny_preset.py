@@ -6,6 +6,7 @@ import json
 import logging
 
 import numpy as np
+import polars as pl
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -117,3 +118,41 @@ def test_cloning_phases_draw_the_calls_they_say(monkeypatch):
     assert [length <= 16 for _, length, _ in steps] == [True] * 4 + [False] * 2
     # the first 3 of 6 steps constant, so the decay starts from step 3 and takes 0.9 off by step 6
     assert [round(lr, 9) for _, _, lr in steps] == [1e-3, 1e-3, 1e-3, 1e-3, 7e-4, 4e-4]
+
+
+def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher():
+    """A Sokoban reflection lists every move of the episode. The longest the warm start's
+    teacher writes (every move of every turn blocked) must fit under half the response limit,
+    where the length penalty starts (MAGE-SPEC 3), counted by the preset's own tokenizer; and
+    the warm start's check samples with the run's limit. For both Sokoban presets."""
+    from mage.algo.config import AlgoConfig
+    from mage.algo.returns import penalties
+    from mage.backends.scripted import ScriptedBackend
+    from mage.games import make_game
+
+    presets = [load_settings(["game=sokoban"]), load_settings(["+experiment=sokoban_long"])]
+    params = presets[0].game.params
+    game = make_game("sokoban", **params)
+    for seed in range(100):  # a level whose player starts with a wall above
+        episode = game.new_episode(game.initial_state(seed))
+        if episode.level.move("up")[1] == "blocked":
+            break
+    for _ in range(params["turn_limit"]):
+        episode.apply_agent_actions([0] * params["moves_per_turn"])
+    assert not episode.solved and len(episode.history) == params["turn_limit"] * params["moves_per_turn"]
+    reflection = ScriptedBackend._reflect(episode)
+    assert reflection.count("up (blocked)") == params["turn_limit"] * params["moves_per_turn"]
+
+    tokenizer_settings = {"vocab_size", "corpus_meta_episodes", "seed"}  # what the tokenizer is trained from
+    assert len({tuple(getattr(p.model.tiny, k) for k in sorted(tokenizer_settings)) for p in presets}) == 1
+    tokenizer, _, _ = fresh_model(presets[0].model.tiny)
+    tokens = len(tokenizer(reflection, add_special_tokens=False)["input_ids"]) + 1  # and an end token
+    assert tokens > 64  # the other games' limit, 128, would penalise it
+    for settings in presets:
+        assert settings.game.params == params
+        limit = settings.engine.sampling.max_new_tokens
+        assert tokens <= limit / 2
+        algo = AlgoConfig(length_penalty=settings.algo.length_penalty, max_response_tokens=limit)
+        row = pl.DataFrame({"response_token_ids": [list(range(tokens))], "valid": [True]})
+        assert row.select(penalties(row, algo))["penalty"].to_list() == [0.0]
+        assert settings.model.tiny.check_sampling.max_new_tokens == limit == settings.eval.sampling.max_new_tokens
