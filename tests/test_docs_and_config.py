@@ -60,7 +60,10 @@ def test_every_preset_and_the_paper_experiment_compose():
     # the long Sokoban run: its own warm start (the wanderer that thinks the cells around the
     # player, a longer build) in its own directory, so the default preset is kept
     long, default = load_settings(["+experiment=sokoban_long"]), load_settings(["game=sokoban"])
-    assert (long.game, long.population, long.algo) == (default.game, default.population, default.algo)
+    assert (long.game, long.population) == (default.game, default.population)
+    # the same method; its length penalty starts at half a longer response limit (256: the reflections list moves)
+    assert (long.engine.sampling.max_new_tokens, long.algo.max_response_tokens) == (256, 256)
+    assert long.algo == dataclasses.replace(default.algo, max_response_tokens=256)
     assert long.model.path != default.model.path and long.model.local_dir == long.model.path
     assert long.model.tiny.bc_rules == ({"rule": "wanderer", "solver_probability": 0.75, "look_around": True},)
     assert long.train.iterations > default.train.iterations

@@ -121,17 +121,19 @@ def test_cloning_phases_draw_the_calls_they_say(monkeypatch):
 
 
 def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher():
-    """A Sokoban reflection lists every move of the episode. The longest the warm start's
-    teacher writes (every move of every turn blocked) must fit under half the response limit,
-    where the length penalty starts (MAGE-SPEC 3), counted by the preset's own tokenizer; and
-    the warm start's check samples with the run's limit. For both Sokoban presets."""
+    """A Sokoban reflection lists every move of the episode. Under `+experiment=sokoban_long`
+    the longest the warm start's teacher writes (every move of every turn blocked) fits under
+    half the response limit, where the length penalty starts (MAGE-SPEC 3), counted by the
+    preset's own tokenizer, and the warm start's check samples with that limit. The default
+    Sokoban preset keeps the other games' 128, which does penalise it (params/model_game/tiny/sokoban.yaml)."""
     from mage.algo.config import AlgoConfig
     from mage.algo.returns import penalties
     from mage.backends.scripted import ScriptedBackend
     from mage.games import make_game
 
-    presets = [load_settings(["game=sokoban"]), load_settings(["+experiment=sokoban_long"])]
-    params = presets[0].game.params
+    default, long = load_settings(["game=sokoban"]), load_settings(["+experiment=sokoban_long"])
+    params = long.game.params
+    assert default.game.params == params
     game = make_game("sokoban", **params)
     for seed in range(100):  # a level whose player starts with a wall above
         episode = game.new_episode(game.initial_state(seed))
@@ -143,16 +145,17 @@ def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher
     reflection = ScriptedBackend._reflect(episode)
     assert reflection.count("up (blocked)") == params["turn_limit"] * params["moves_per_turn"]
 
-    tokenizer_settings = {"vocab_size", "corpus_meta_episodes", "seed"}  # what the tokenizer is trained from
-    assert len({tuple(getattr(p.model.tiny, k) for k in sorted(tokenizer_settings)) for p in presets}) == 1
-    tokenizer, _, _ = fresh_model(presets[0].model.tiny)
+    tokenizer_settings = ("corpus_meta_episodes", "seed", "vocab_size")  # what the tokenizer is trained from
+    assert [getattr(long.model.tiny, k) for k in tokenizer_settings] == [getattr(default.model.tiny, k) for k in tokenizer_settings]
+    tokenizer, _, _ = fresh_model(long.model.tiny)
     tokens = len(tokenizer(reflection, add_special_tokens=False)["input_ids"]) + 1  # and an end token
-    assert tokens > 64  # the other games' limit, 128, would penalise it
-    for settings in presets:
-        assert settings.game.params == params
-        limit = settings.engine.sampling.max_new_tokens
-        assert tokens <= limit / 2
-        algo = AlgoConfig(length_penalty=settings.algo.length_penalty, max_response_tokens=limit)
+
+    def penalty(settings) -> float:
+        algo = AlgoConfig(length_penalty=settings.algo.length_penalty, max_response_tokens=settings.engine.sampling.max_new_tokens)
         row = pl.DataFrame({"response_token_ids": [list(range(tokens))], "valid": [True]})
-        assert row.select(penalties(row, algo))["penalty"].to_list() == [0.0]
-        assert settings.model.tiny.check_sampling.max_new_tokens == limit == settings.eval.sampling.max_new_tokens
+        return row.select(penalties(row, algo))["penalty"].item()
+
+    limit = long.engine.sampling.max_new_tokens
+    assert tokens <= limit / 2 and penalty(long) == 0.0
+    assert long.model.tiny.check_sampling.max_new_tokens == limit == long.eval.sampling.max_new_tokens
+    assert default.engine.sampling.max_new_tokens == 128 and tokens > 64 and penalty(default) < 0.0
