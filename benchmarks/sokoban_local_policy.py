@@ -27,6 +27,7 @@ import platform
 
 import numpy as np
 
+from mage.backends.scripted import wander
 from mage.games.sokoban.generator import generate_level
 from mage.games.sokoban.level import MOVE_NAMES, Level
 from mage.games.sokoban.solver import solve
@@ -39,16 +40,11 @@ def patch(level: Level, radius: int) -> str:
     return "".join(level.around_player(radius))
 
 
-def wander(level: Level, rng: np.random.Generator, solver_probability: float) -> tuple[tuple[str, ...], Level]:
-    """One turn of up to three moves of the wanderer (the solver's moves at probability 1)."""
-    moves = []
-    for _ in range(3):
-        if level.is_solved:
-            break
-        plan = solve(level) if rng.random() < solver_probability else None
-        name = plan[0] if plan else MOVE_NAMES[int(rng.integers(4))]
+def wander_turn(level: Level, rng: np.random.Generator, solver_probability: float) -> tuple[tuple[str, ...], Level]:
+    """One turn of three moves of the wanderer (the solver's moves at probability 1), and the level after it."""
+    moves = wander(level, 3, solver_probability, rng)
+    for name in moves:
         level = level.move(name)[0]
-        moves.append(name)
     return tuple(moves), level
 
 
@@ -76,8 +72,8 @@ def main() -> None:
                 for name, key in keys.items():
                     first[name][key(level)][plan[0]] += 1
                 for name in turns:
-                    turns[name][keys[name](level)][wander(level, rng, 1.0)[0]] += 1
-            level = wander(level, rng, 0.75)[1]
+                    turns[name][keys[name](level)][wander_turn(level, rng, 1.0)[0]] += 1
+            level = wander_turn(level, rng, 0.75)[1]
             if level.is_solved:
                 break
     commonest = collections.Counter(m for table in first["3x3"].values() for m in table.elements()).most_common(1)[0][0]

@@ -126,7 +126,6 @@ def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher
     half the response limit, where the length penalty starts (MAGE-SPEC 3), counted by the
     preset's own tokenizer, and the warm start's check samples with that limit. The default
     Sokoban preset keeps the other games' 128, which does penalise it (params/model_game/tiny/sokoban.yaml)."""
-    from mage.algo.config import AlgoConfig
     from mage.algo.returns import penalties
     from mage.backends.scripted import ScriptedBackend
     from mage.games import make_game
@@ -150,10 +149,9 @@ def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher
     tokenizer, _, _ = fresh_model(long.model.tiny)
     tokens = len(tokenizer(reflection, add_special_tokens=False)["input_ids"]) + 1  # and an end token
 
-    def penalty(settings) -> float:
-        algo = AlgoConfig(length_penalty=settings.algo.length_penalty, max_response_tokens=settings.engine.sampling.max_new_tokens)
+    def penalty(settings) -> float:  # the length penalty's limit is the run's response limit
         row = pl.DataFrame({"response_token_ids": [list(range(tokens))], "valid": [True]})
-        return row.select(penalties(row, algo))["penalty"].item()
+        return row.select(penalties(row, settings.algo))["penalty"].item()
 
     limit = long.engine.sampling.max_new_tokens
     assert tokens <= limit / 2 and penalty(long) == 0.0

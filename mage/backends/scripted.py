@@ -88,19 +88,27 @@ class WandererRule:
         return surroundings(episode.level) if self.look_around else None
 
     def __call__(self, episode: Any, rng: np.random.Generator) -> list[int]:
-        from mage.games.sokoban import solve
         from mage.games.sokoban.game import ACTIONS
-        from mage.games.sokoban.level import MOVE_NAMES
 
-        level, moves = episode.level, []
-        for _ in range(episode.game.moves_per_turn):
-            if level.is_solved:
-                break
-            plan = solve(level) if rng.random() < self.solver_probability else None
-            name = plan[0] if plan else MOVE_NAMES[int(rng.integers(len(MOVE_NAMES)))]
-            level, _ = level.move(name)
-            moves.append(ACTIONS[name])
-        return moves
+        return [ACTIONS[name] for name in wander(episode.level, episode.game.moves_per_turn, self.solver_probability, rng)]
+
+
+def wander(level: Any, moves_per_turn: int, solver_probability: float, rng: np.random.Generator) -> list[str]:
+    """One turn of the wanderer from a Sokoban ``level``: up to ``moves_per_turn`` move names,
+    each the solver's next move with probability ``solver_probability``, else a random
+    direction (also where the solver finds no solution); it stops once the level is solved."""
+    from mage.games.sokoban import solve
+    from mage.games.sokoban.level import MOVE_NAMES
+
+    moves: list[str] = []
+    for _ in range(moves_per_turn):
+        if level.is_solved:
+            break
+        plan = solve(level) if rng.random() < solver_probability else None
+        name = plan[0] if plan else MOVE_NAMES[int(rng.integers(len(MOVE_NAMES)))]
+        level, _ = level.move(name)
+        moves.append(name)
+    return moves
 
 
 def _policy_rule(policy: Any) -> Rule:
