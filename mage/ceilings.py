@@ -276,3 +276,16 @@ def single_player_ceiling(game: Any, n_levels: int = 200, seed: int = 0) -> Ceil
         return Ceiling(1.0, "by_construction")
     fits = sum(game.initial_state(seed + i).data["optimal_moves"] <= budget for i in range(n_levels))
     return Ceiling(fits / n_levels, "monte_carlo", proportion_interval(fits, n_levels), n_levels)
+
+
+def single_player_return_ceiling(game: Any, success: Ceiling, n_levels: int = 200, seed: int = 0) -> Ceiling:
+    """A perfect player's mean episode return on a one-player puzzle: the success ceiling
+    times the payoff, plus, with Sokoban's ``box_reward``, what its solution earns for the
+    boxes it moves onto targets (they differ by level: estimated on ``n_levels`` levels)."""
+    if not getattr(game, "box_reward", 0.0):
+        return success.scaled(game.payoff_scale)
+    returns = np.array([game.solved_return(game.initial_state(seed + i)) for i in range(n_levels)])
+    mean, half = float(returns.mean()), 1.96 * float(returns.std(ddof=1)) / np.sqrt(n_levels)
+    return Ceiling(success.value * mean, "monte_carlo", (success.value * (mean - half), success.value * (mean + half)),
+                   n_levels)
+

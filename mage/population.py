@@ -97,7 +97,8 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
 def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, seed: int) -> dict[str, Any]:
     if game.num_players == 1:
         success = ceilings.single_player_ceiling(game, n_games, seed)
-        return {"max_win_probability": success.to_dict(), "best_response_return": success.scaled(game.payoff_scale).to_dict()}
+        best = ceilings.single_player_return_ceiling(game, success, n_games, seed)
+        return {"max_win_probability": success.to_dict(), "best_response_return": best.to_dict()}
     opponent = entry.make_opponent()
     figures = ceilings.opponent_ceilings(game.openspiel_game, opponent, seat, n_games=n_games, seed=seed)
     payoff = figures["best_response_payoff"]

@@ -157,6 +157,14 @@ def test_every_bad_value_stops_the_command_line_before_a_flow_starts(key, monkey
     assert mage_config.main([text]) == 2
 
 
+@settings(max_examples=40, deadline=None)
+@given(outside(0, 10))
+def test_a_sokoban_box_reward_outside_zero_to_the_payoff_is_rejected_naming_the_key(value):
+    with pytest.raises(SettingsError) as error:
+        load_settings(["game=sokoban", override("game.params.box_reward", value)])
+    assert str(error.value).startswith("game.params.box_reward must be in [0, payoff_scale (10.0)]"), error.value
+
+
 def test_a_cross_field_rule_is_checked_before_work():
     with pytest.raises(SettingsError, match=r"game.params.max_moves must be <= turn_limit \* moves_per_turn \(21\)"):
         load_settings(["game=sokoban", "game.params.max_moves=30"])

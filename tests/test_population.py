@@ -7,6 +7,7 @@ import json
 import pytest
 
 from mage.config import compose
+from mage.games.sokoban import generate_level
 from mage.population import load_manifest, population_entries, seating, seed_population, write_manifest
 
 
@@ -94,3 +95,21 @@ def test_sokoban_manifest():
     for record in manifest["opponents"]:
         assert set(record["ceilings"]) == {"seat_0", "mean"}
         assert record["ceilings"]["seat_0"]["max_win_probability"] == {"value": 1.0, "method": "by_construction"}
+
+
+def test_a_sokoban_return_ceiling_counts_the_box_reward():
+    # A solution ends with every box on a target: +10, plus 1 for each box that did not start
+    # on one, averaged over the levels the ceiling samples (seeds 0..39), counted here from
+    # the generator directly.
+    manifest = seed_population(compose(["game=sokoban", "game.params.box_reward=1.0", "population.ceilings.n_games=40"]),
+                               progress=False)
+    for record in manifest["opponents"]:
+        boxes = record["game_params"]["num_boxes"]
+        levels = [generate_level(seed, (6, 6), boxes, 5, 21)[0] for seed in range(40)]
+        off_target = [sum(box not in level.targets for box in level.boxes) for level in levels]
+        best = record["ceilings"]["seat_0"]["best_response_return"]
+        assert best["value"] == pytest.approx(10 + sum(off_target) / 40), record["id"]
+        assert best["method"] == "monte_carlo" and best["ci95"][0] <= best["value"] <= best["ci95"][1]
+    plain = seed_population(compose(["game=sokoban"]), progress=False)["opponents"][0]["ceilings"]["seat_0"]
+    assert plain["best_response_return"] == {"value": 10.0, "method": "by_construction"}
+

@@ -257,6 +257,31 @@ def test_the_deadlock_hint_is_an_option() -> None:
     assert "stuck" in hinted.render_state()
 
 
+PUSH_OFF = """
+#######
+#@*_$.#
+#######
+"""  # one box already on its target: a push right takes it off; the other is one push from its target
+
+
+def test_box_reward_is_an_option_counting_boxes_pushed_onto_and_off_targets() -> None:
+    # Hand-counted returns (payoff 10): CORRIDOR starts with no box on a target and is solved by
+    # one push; TWO_BOXES starts with one and is solved in 6; PUSH_OFF loses its placed box.
+    cases = [(CORRIDOR, [RIGHT], 10.0, 11.0), (TWO_BOXES, [RIGHT, UP, LEFT, UP, LEFT, DOWN], 10.0, 11.0),
+             (PUSH_OFF, [RIGHT], 0.0, -1.0), (PUSH_OFF, [RIGHT, LEFT, LEFT], 0.0, -1.0),
+             (WALK_AROUND, [UP, RIGHT, RIGHT, DOWN, LEFT], 0.0, 0.0)]
+    for text, moves, paper, shaped in cases:
+        for box_reward, expected in ((0.0, paper), (1.0, shaped), (0.5, paper + (shaped - paper) / 2)):
+            episode = episode_for(Level.from_text(text), box_reward=box_reward)
+            episode.apply_agent_actions(moves)
+            assert episode.agent_return() == expected, (text, moves, box_reward)
+    assert "push off" not in Sokoban().rules_text() and "otherwise 0" in Sokoban().rules_text()
+    assert "+1 for each box you push onto a target and -1 for each you push off one; +10 more" in \
+        Sokoban(box_reward=1.0).rules_text()
+    with pytest.raises(ValueError, match="box_reward must be in"):
+        Sokoban(box_reward=-0.5)
+
+
 def test_the_step_anchor_leaves_out_the_move_counter() -> None:
     # The same board reached after 0 and after 2 moves (right then left: the player walks
     # back): one anchor, while the prompt still shows how many moves were made.

@@ -34,7 +34,12 @@ cell further the same way. You cannot pull boxes, and you cannot push two boxes 
 - A box pushed into a corner or against a wall may get stuck for good; plan ahead.
 - You have {turn_limit} turns. In each turn give 1 to {moves_per_turn} moves, in order, \
 separated by commas, for example <action>up, left, left</action>.
-- Your score: +{payoff:g} if all boxes are on targets before the turns run out, otherwise 0."""
+- Your score: {score}"""
+SCORE = "+{payoff:g} if all boxes are on targets before the turns run out, otherwise 0."
+# game.params.box_reward: gym-sokoban's +1 / -1 per box pushed onto / off a target, summed
+# over the episode (MAGE-SPEC 3 puts an episode's return on its last step)
+SCORE_WITH_BOXES = ("+{box:g} for each box you push onto a target and -{box:g} for each you push off one; "
+                    "+{payoff:g} more if all boxes are on targets before the turns run out.")
 
 
 class Sokoban(Game):
@@ -53,6 +58,7 @@ class Sokoban(Game):
         payoff_scale: float = 10.0,
         end_on_deadlock: bool = False,
         deadlock_hint: bool = False,
+        box_reward: float = 0.0,
     ) -> None:
         check_param(len(dim) == 2 and all(5 <= int(d) <= 16 for d in dim), "dim", dim,
                     "two sizes in [5, 16] (the outer walls included)")
@@ -64,6 +70,7 @@ class Sokoban(Game):
         check_param(turn_limit * moves_per_turn >= max_moves, "max_moves", max_moves,
                     f"<= turn_limit * moves_per_turn ({turn_limit * moves_per_turn})")
         check_param(payoff_scale > 0, "payoff_scale", payoff_scale, "> 0")
+        check_param(0 <= box_reward <= payoff_scale, "box_reward", box_reward, f"in [0, payoff_scale ({payoff_scale})]")
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = num_boxes
         self.min_moves = min_moves
@@ -73,6 +80,7 @@ class Sokoban(Game):
         self.payoff_scale = payoff_scale
         self.end_on_deadlock = end_on_deadlock
         self.deadlock_hint = deadlock_hint
+        self.box_reward = float(box_reward)
 
     def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
         if agent_seat != 0:
@@ -86,7 +94,13 @@ class Sokoban(Game):
         return SokobanEpisode(self, initial)
 
     def rules_text(self) -> str:
-        return RULES.format(turn_limit=self.turn_limit, moves_per_turn=self.moves_per_turn, payoff=self.payoff_scale)
+        score = (SCORE_WITH_BOXES if self.box_reward else SCORE).format(payoff=self.payoff_scale, box=self.box_reward)
+        return RULES.format(turn_limit=self.turn_limit, moves_per_turn=self.moves_per_turn, score=score)
+
+    def solved_return(self, initial: InitialState) -> float:
+        """The return of an episode that solves ``initial``'s level."""
+        level = Level.from_data(initial.data["level"])
+        return self.payoff_scale + self.box_reward * (len(level.boxes) - level.boxes_on_targets)
 
     def render_initial_state(self, initial: InitialState) -> str:
         level = Level.from_data(initial.data["level"])
@@ -99,6 +113,7 @@ class SokobanEpisode(Episode):
         self.initial = initial
         self.history = []
         self.level = Level.from_data(initial.data["level"])
+        self.start_on_targets = self.level.boxes_on_targets
         # Dead squares depend only on walls and targets, so they are computed once.
         self._dead = dead_squares(self.level)
 
@@ -137,7 +152,10 @@ class SokobanEpisode(Episode):
         return Outcome.LOSS if self.is_terminal else Outcome.ONGOING
 
     def agent_return(self) -> float:
-        return self.game.payoff_scale if self.solved else 0.0
+        """+payoff_scale on success; with ``box_reward``, plus that much per box the episode
+        left on a target beyond those it started with (fewer: minus)."""
+        shaped = self.game.box_reward * (self.level.boxes_on_targets - self.start_on_targets)
+        return (self.game.payoff_scale if self.solved else 0.0) + shaped
 
     def observation(self) -> str:
         """The board and the boxes on targets: the step anchor. The move counter is left out,
