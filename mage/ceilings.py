@@ -288,4 +288,3 @@ def single_player_return_ceiling(game: Any, success: Ceiling, n_levels: int = 20
     mean, half = float(returns.mean()), 1.96 * float(returns.std(ddof=1)) / np.sqrt(n_levels)
     return Ceiling(success.value * mean, "monte_carlo", (success.value * (mean - half), success.value * (mean + half)),
                    n_levels)
-

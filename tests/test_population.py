@@ -112,4 +112,3 @@ def test_a_sokoban_return_ceiling_counts_the_box_reward():
         assert best["method"] == "monte_carlo" and best["ci95"][0] <= best["value"] <= best["ci95"][1]
     plain = seed_population(compose(["game=sokoban"]), progress=False)["opponents"][0]["ceilings"]["seat_0"]
     assert plain["best_response_return"] == {"value": 10.0, "method": "by_construction"}
-
