@@ -220,6 +220,36 @@ def test_sokoban_wanderer_mixes_the_solver_with_random_moves():
         make_rule("kuhn_poker", "wanderer")
 
 
+def test_sokoban_box_reward_reaches_episodes_that_hit_the_turn_limit():
+    # A random walker rarely solves a 2-box level: most episodes end at the turn limit. Their
+    # return is the box reward alone, replayed here on the level with Level.move.
+    from mage.games.sokoban.level import Level
+
+    specs = [MetaEpisodeSpec(i, i, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=seed)
+             for i, seed in enumerate(range(20, 32))]
+    config = RolloutConfig(group_size=1, early_stop=False)
+    walker = {"rule": "wanderer", "solver_probability": 0.0}
+    rewarded, _ = run(specs, walker, config, game_params=compose(["game=sokoban", "game.params.box_reward=1.0"]).game.params)
+    plain, _ = run(specs, walker, config, game_params=compose(["game=sokoban"]).game.params)
+    plays = rewarded.filter(pl.col("phase") == "play")
+    assert plays["action"].to_list() == plain.filter(pl.col("phase") == "play")["action"].to_list()
+    ends = plays.filter(pl.col("done") & pl.col("truncated"))
+    expected = []
+    for (meta, episode), rows in plays.group_by(["meta_id", "episode"], maintain_order=True):
+        if not rows["truncated"][0]:
+            continue
+        start = Level.from_data(json.loads(rows["initial_state"][0])["data"]["level"])
+        level = start
+        for action in rows["action"]:
+            for move in action.split(", "):
+                level = level.move(move)[0]
+        expected.append(float(level.boxes_on_targets - start.boxes_on_targets))
+    assert ends.height == len(expected) >= 20
+    assert ends["episode_return"].to_list() == expected
+    assert ends["step_reward"].to_list() == expected and any(e != 0 for e in expected)
+    assert (plain.filter(pl.col("done") & pl.col("truncated"))["episode_return"] == 0.0).all()
+
+
 def test_surroundings_are_the_3x3_cells_around_the_player():
     from mage.backends.scripted import surroundings
     from mage.games.sokoban.level import Level

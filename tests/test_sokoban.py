@@ -209,7 +209,6 @@ def test_game_contract() -> None:
     assert initial.data == {"level": level.to_data(), "optimal_moves": length}
     assert level.render() in game.render_initial_state(initial)
     assert "<action>up, left, left</action>" in game.rules_text()
-    assert game.forfeit_return() == 0.0
     with pytest.raises(ValueError):
         game.initial_state(3, agent_seat=1)
     with pytest.raises(ValueError):
@@ -218,6 +217,7 @@ def test_game_contract() -> None:
     assert episode.legal_actions() == {"up": 0, "down": 1, "left": 2, "right": 3}
     assert parse_action("<action>Up, left,left</action>", episode.action_aliases(), max_moves=3).actions == (0, 2, 2)
     assert episode.outcome() is Outcome.ONGOING and episode.agent_return() == 0.0
+    assert game.forfeit_return(episode) == 0.0
 
 
 def test_blocked_moves_are_recorded_and_change_nothing() -> None:

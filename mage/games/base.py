@@ -93,7 +93,8 @@ class Episode(ABC):
 
     @abstractmethod
     def agent_return(self) -> float:
-        """Scaled terminal payoff R(tau) for the agent (0 while the episode runs)."""
+        """Scaled payoff R(tau) for the agent: terminal, 0 while the episode runs (a puzzle's
+        progress terms aside: Sokoban's box reward counts from the start)."""
 
     @abstractmethod
     def render_state(self) -> str:
@@ -164,9 +165,10 @@ class Game(ABC):
         either player acts), or None for games not played on OpenSpiel."""
         return None
 
-    def forfeit_return(self) -> float:
-        """Return of an episode cut off by the turn limit before it ended (a loss)."""
-        return -self.payoff_scale if self.num_players == 2 else 0.0
+    def forfeit_return(self, episode: Episode) -> float:
+        """Return of ``episode``, cut off by the turn limit before it ended (a loss): a
+        two-player game's lost payoff; a puzzle's return so far (0, or Sokoban's box reward)."""
+        return -self.payoff_scale if self.num_players == 2 else episode.agent_return()
 
 
 def check_param(ok: bool, name: str, value: Any, allowed: str) -> None:

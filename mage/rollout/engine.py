@@ -158,7 +158,7 @@ class MetaEpisode:
         episode = self.episode
         truncated = not episode.is_terminal
         outcome = Outcome.LOSS if truncated else episode.outcome()
-        episode_return = self.game.forfeit_return() if truncated else episode.agent_return()
+        episode_return = self.game.forfeit_return(episode) if truncated else episode.agent_return()
         for row in self.episode_rows:
             row.update(episode_return=episode_return, won=outcome == Outcome.WIN, draw=outcome == Outcome.DRAW, truncated=truncated)
         if self.episode_rows:
