@@ -281,10 +281,13 @@ def single_player_ceiling(game: Any, n_levels: int = 200, seed: int = 0) -> Ceil
 def single_player_return_ceiling(game: Any, success: Ceiling, n_levels: int = 200, seed: int = 0) -> Ceiling:
     """A perfect player's mean episode return on a one-player puzzle: the success ceiling
     times the payoff, plus, with Sokoban's ``box_reward``, what its solution earns for the
-    boxes it moves onto targets (they differ by level: estimated on ``n_levels`` levels)."""
+    boxes it moves onto targets (they differ by level: estimated on ``n_levels`` levels).
+    Sokoban's settings make every level solvable within its turns (``success`` is 1), so
+    every sampled level counts its solution's return."""
     if not getattr(game, "box_reward", 0.0):
         return success.scaled(game.payoff_scale)
     returns = np.array([game.solved_return(game.initial_state(seed + i)) for i in range(n_levels)])
-    mean, half = float(returns.mean()), 1.96 * float(returns.std(ddof=1)) / np.sqrt(n_levels)
+    spread = float(returns.std(ddof=1)) if n_levels > 1 else 0.0
+    mean, half = float(returns.mean()), 1.96 * spread / np.sqrt(n_levels)
     return Ceiling(success.value * mean, "monte_carlo", (success.value * (mean - half), success.value * (mean + half)),
                    n_levels)

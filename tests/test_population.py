@@ -109,6 +109,6 @@ def test_a_sokoban_return_ceiling_counts_the_box_reward():
         off_target = [sum(box not in level.targets for box in level.boxes) for level in levels]
         best = record["ceilings"]["seat_0"]["best_response_return"]
         assert best["value"] == pytest.approx(10 + sum(off_target) / 40), record["id"]
-        assert best["method"] == "monte_carlo" and best["ci95"][0] <= best["value"] <= best["ci95"][1]
+        assert best["method"] == "monte_carlo" and best["n_games"] == 40
     plain = seed_population(compose(["game=sokoban"]), progress=False)["opponents"][0]["ceilings"]["seat_0"]
     assert plain["best_response_return"] == {"value": 10.0, "method": "by_construction"}
