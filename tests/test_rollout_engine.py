@@ -229,7 +229,8 @@ def test_sokoban_box_reward_reaches_episodes_that_hit_the_turn_limit():
              for i, seed in enumerate(range(20, 32))]
     config = RolloutConfig(group_size=1, early_stop=False)
     walker = {"rule": "wanderer", "solver_probability": 0.0}
-    rewarded, _ = run(specs, walker, config, game_params=compose(["game=sokoban", "game.params.box_reward=1.0"]).game.params)
+    shaped = compose(["game=sokoban", "game.params.box_reward=1.0"]).game.params
+    rewarded, _ = run(specs, walker, config, game_params=shaped)
     plain, _ = run(specs, walker, config, game_params=compose(["game=sokoban"]).game.params)
     plays = rewarded.filter(pl.col("phase") == "play")
     assert plays["action"].to_list() == plain.filter(pl.col("phase") == "play")["action"].to_list()

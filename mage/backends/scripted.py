@@ -90,7 +90,8 @@ class WandererRule:
     def __call__(self, episode: Any, rng: np.random.Generator) -> list[int]:
         from mage.games.sokoban.game import ACTIONS
 
-        return [ACTIONS[name] for name in wander(episode.level, episode.game.moves_per_turn, self.solver_probability, rng)]
+        moves = wander(episode.level, episode.game.moves_per_turn, self.solver_probability, rng)
+        return [ACTIONS[name] for name in moves]
 
 
 def wander(level: Any, moves_per_turn: int, solver_probability: float, rng: np.random.Generator) -> list[str]:

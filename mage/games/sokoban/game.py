@@ -70,7 +70,8 @@ class Sokoban(Game):
         check_param(turn_limit * moves_per_turn >= max_moves, "max_moves", max_moves,
                     f"<= turn_limit * moves_per_turn ({turn_limit * moves_per_turn})")
         check_param(payoff_scale > 0, "payoff_scale", payoff_scale, "> 0")
-        check_param(0 <= box_reward <= payoff_scale, "box_reward", box_reward, f"in [0, payoff_scale ({payoff_scale})]")
+        check_param(0 <= box_reward <= payoff_scale, "box_reward", box_reward,
+                    f"in [0, payoff_scale ({payoff_scale})]")
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = num_boxes
         self.min_moves = min_moves
@@ -97,10 +98,15 @@ class Sokoban(Game):
         score = (SCORE_WITH_BOXES if self.box_reward else SCORE).format(payoff=self.payoff_scale, box=self.box_reward)
         return RULES.format(turn_limit=self.turn_limit, moves_per_turn=self.moves_per_turn, score=score)
 
+    def episode_return(self, solved: bool, start_on_targets: int, end_on_targets: int) -> float:
+        """+payoff_scale on success; with ``box_reward``, plus that much per box left on a
+        target beyond those the episode started with (fewer: minus)."""
+        return (self.payoff_scale if solved else 0.0) + self.box_reward * (end_on_targets - start_on_targets)
+
     def solved_return(self, initial: InitialState) -> float:
         """The return of an episode that solves ``initial``'s level."""
         level = Level.from_data(initial.data["level"])
-        return self.payoff_scale + self.box_reward * (len(level.boxes) - level.boxes_on_targets)
+        return self.episode_return(True, level.boxes_on_targets, len(level.boxes))
 
     def render_initial_state(self, initial: InitialState) -> str:
         level = Level.from_data(initial.data["level"])
@@ -152,10 +158,7 @@ class SokobanEpisode(Episode):
         return Outcome.LOSS if self.is_terminal else Outcome.ONGOING
 
     def agent_return(self) -> float:
-        """+payoff_scale on success; with ``box_reward``, plus that much per box the episode
-        left on a target beyond those it started with (fewer: minus)."""
-        shaped = self.game.box_reward * (self.level.boxes_on_targets - self.start_on_targets)
-        return (self.game.payoff_scale if self.solved else 0.0) + shaped
+        return self.game.episode_return(self.solved, self.start_on_targets, self.level.boxes_on_targets)
 
     def observation(self) -> str:
         """The board and the boxes on targets: the step anchor. The move counter is left out,
