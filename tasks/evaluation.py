@@ -35,7 +35,7 @@ def evaluate_checkpoint(
     settings = Settings.from_config(config)
     model.resolve()
     loaded = ckpt.Checkpoint.at(checkpoint.resolve()) if checkpoint is not None else None
-    table = evaluation.evaluate_checkpoint(settings, loaded, (split,))[split]
+    table = evaluation.evaluate_checkpoint(settings, loaded, (split,), progress=True)[split]
     directory = Path(out_dir) if out_dir else default_evaluation_dir(settings, checkpoint)
     table_ref = FileRef.of(write_trajectories(table, directory / f"{split}.parquet"))
     per_episode = rollout_metrics(table)

@@ -72,6 +72,21 @@ def test_losing_meta_episode_plays_every_episode_with_reflections():
     assert "1. You: check\n2. Opponent: bet" in second_call
 
 
+def test_progress_shows_the_calls_while_no_meta_episode_has_ended(capsys, monkeypatch):
+    # Evaluations run their meta-episodes in lockstep, so the meta-episode count stays at 0
+    # until the end: the bar (stderr, a log file too) must still move with the calls.
+    from mage.rollout import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PROGRESS_SECONDS", 0.0)
+    spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
+    engine = RolloutEngine(ScriptedBackend(always(PASS), seed=0), RolloutConfig(group_size=1), KUHN.game.params)
+    engine.run([spec], SamplingSettings(), progress=True)
+    lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    # 8 calls (test_losing_meta_episode_plays_every_episode_with_reflections), one a step;
+    # the meta-episode ends with the 8th
+    assert {f"calls={n}" for n in range(1, 8)} <= {line.split(", ")[-1].rstrip("]") for line in lines if " 0/1 " in line}
+
+
 def test_early_stop_after_a_win_is_configurable():
     # Agent (Q) bets; conservative (J) folds: a win in episode 1.
     spec = MetaEpisodeSpec(0, 0, entry("conservative"), seat=0, seed=seed_for_deal([Q, J]))

@@ -36,6 +36,8 @@ from mage.protocol import parse_action, parse_remark
 from mage.rollout import prompts
 from mage.rollout.schema import from_rows
 
+PROGRESS_SECONDS = 10.0  # a progress line at least this often while a rollout runs (log files too)
+
 
 @validated_dataclass(frozen=True)
 class RolloutConfig:
@@ -299,6 +301,7 @@ class RolloutEngine:
         max_tokens = context_room if max_tokens is None else min(max_tokens, context_room)
         limit = self.cfg.concurrency or len(specs)
         bar = tqdm(total=len(specs), unit="meta-episode", desc=f"rollout {run_id}/{iteration}", disable=not progress)
+        shown = time.perf_counter()
         step = 0
         while pending or live:
             while pending and len(live) < limit:
@@ -328,8 +331,13 @@ class RolloutEngine:
             done_now = [meta for meta in live if meta.done]
             live = [meta for meta in live if not meta.done]
             finished += done_now
-            bar.update(len(done_now))
             bar.set_postfix(calls=stats.calls, refresh=False)
+            bar.update(len(done_now))
+            # Meta-episodes advance in lockstep and end together, so the count alone stands still
+            # for minutes; the calls so far show it moving, in a terminal or a log file.
+            if time.perf_counter() - shown >= PROGRESS_SECONDS:
+                bar.refresh()
+                shown = time.perf_counter()
             step += 1
         bar.close()
         stats.total_seconds = time.perf_counter() - started
