@@ -301,7 +301,7 @@ class RolloutEngine:
         max_tokens = context_room if max_tokens is None else min(max_tokens, context_room)
         limit = self.cfg.concurrency or len(specs)
         bar = tqdm(total=len(specs), unit="meta-episode", desc=f"rollout {run_id}/{iteration}", disable=not progress)
-        shown = time.perf_counter()
+        shown = time.time()
         step = 0
         while pending or live:
             while pending and len(live) < limit:
@@ -335,9 +335,10 @@ class RolloutEngine:
             bar.update(len(done_now))
             # Meta-episodes advance in lockstep and end together, so the count alone stands still
             # for minutes; the calls so far show it moving, in a terminal or a log file.
-            if time.perf_counter() - shown >= PROGRESS_SECONDS:
+            now = time.time()  # tqdm's clock: its own last line counts too
+            if now - max(shown, getattr(bar, "last_print_t", 0.0)) >= PROGRESS_SECONDS:
                 bar.refresh()
-                shown = time.perf_counter()
+                shown = now
             step += 1
         bar.close()
         stats.total_seconds = time.perf_counter() - started
