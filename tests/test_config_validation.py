@@ -86,6 +86,7 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "algo.dual_clip": st.floats(max_value=1, allow_nan=False, allow_infinity=False),
     "algo.kl_coef": outside(0, math.inf),
     "algo.entropy_coef": outside(0, math.inf),
+    "algo.negative_weight": outside(0, 1),
     "train.iterations": below(0) | above(1_000_000),
     "train.learning_rate": outside(0, 1, low_open=True),
     "train.grad_clip": outside(0, math.inf, low_open=True),

@@ -97,6 +97,20 @@ def test_gigpo_advantages_global_anchor_by_hand():
     assert column(t, "advantage") == pytest.approx([-13.6125, -12.8625, 7.2, 14.6375, 4.6375, -34 / 3, 8 / 3, 26 / 3])
 
 
+def test_negative_weight_scales_only_negative_advantages_by_hand():
+    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, negative_weight=0.25)
+    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    # the advantages of test_gigpo_advantages_global_anchor_by_hand, negatives times 0.25
+    assert column(t, "advantage") == pytest.approx([-13.6125 / 4, -12.8625 / 4, 7.2, 14.6375, 4.6375, -34 / 12, 8 / 3, 26 / 3])
+    # its two terms are left as they were
+    assert column(t, "advantage_episode") == pytest.approx([-8.8, -7.8, 7.2, 7.2, 2.2, -19 / 3, 8 / 3, 11 / 3])
+    grpo = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, estimator="grpo",
+                      norm="mean_std_norm", negative_weight=0.0)
+    # test_grpo_baseline_by_hand's -1, -1, -1, -1, 1, 0, 0, 0 with the negatives at 0
+    assert column(add_advantages(add_returns(TABLE, grpo), grpo), "advantage") == pytest.approx([0, 0, 0, 0, 1, 0, 0, 0],
+                                                                                             abs=1e-5)
+
+
 def test_local_anchor_and_step_weight():
     cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, anchor="local", step_weight=0.5)
     t = add_advantages(add_returns(TABLE, cfg), cfg)

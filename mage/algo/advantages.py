@@ -38,6 +38,14 @@ statistics are over whole meta-episodes.
 statistics taken over the group's meta-episodes (or the mean-only version with
 ``norm: mean_norm``).
 
+``negative_weight`` (default 1, the method) scales every negative ``advantage`` last, for
+either estimator; ``advantage_episode`` and ``advantage_step`` keep their unscaled values.
+Below 1 it is a departure from MAGE-SPEC for a policy that rarely succeeds: with a mean
+baseline, a rare success leaves most calls slightly below the mean, and the update then
+mostly lowers the probability of what was sampled, which spreads the policy (BENCHMARKS.md,
+"Where Sokoban's updates go"). At 0 the update imitates only the calls that did better than
+their baseline (self-imitation learning, Oh et al. 2018).
+
 Standard deviations are population ones (ddof 0).
 """
 
@@ -62,6 +70,12 @@ def _normalised(value: str, over: list[str], cfg: AlgoConfig, singleton_zero: bo
     return centred
 
 
+def _weighted(advantage: pl.Expr, cfg: AlgoConfig) -> pl.Expr:
+    if cfg.negative_weight == 1.0:
+        return advantage
+    return pl.when(advantage < 0).then(advantage * cfg.negative_weight).otherwise(advantage)
+
+
 def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
     """Add ``episode_score``, ``advantage_episode``, ``advantage_step`` and ``advantage``."""
     missing = [c for c in REQUIRED if c not in table.columns]
@@ -80,7 +94,7 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
         )
         return (
             table.join(per_meta, on=META_EPISODE, how="left")
-            .with_columns(pl.lit(0.0).alias("advantage_step"), pl.col("advantage_episode").alias("advantage"))
+            .with_columns(pl.lit(0.0).alias("advantage_step"), _weighted(pl.col("advantage_episode"), cfg).alias("advantage"))
             .sort(ORDER)
         )
 
@@ -94,7 +108,8 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
             _normalised("episode_score", scope, cfg).alias("advantage_episode"),
             _normalised("step_return", anchor_key, cfg, singleton_zero=True).alias("advantage_step"),
         )
-        .with_columns((pl.col("advantage_episode") + cfg.step_weight * pl.col("advantage_step")).alias("advantage"))
+        .with_columns(_weighted(pl.col("advantage_episode") + cfg.step_weight * pl.col("advantage_step"), cfg)
+                      .alias("advantage"))
         .drop("_anchor")
         .sort(ORDER)
     )

@@ -42,6 +42,10 @@ class AlgoConfig:
     # members face opponents drawn across the population (same initial state and seat)
     grouping: Grouping = "stationary"
     step_weight: NonNegative = 1.0  # w in A = A_ep + w * A_step
+    # Scales the negative advantages, after A = A_ep + w * A_step: 1 is the method's; below 1 the
+    # update leans on the calls that did better than their baseline (0: self-imitation, Oh et al.
+    # 2018), for a policy that rarely succeeds (mage/algo/advantages.py)
+    negative_weight: Annotated[float, Field(ge=0, le=1)] = 1.0
     epsilon: Annotated[float, Field(gt=0, le=1)] = 1e-6
     # PPO (MAGE-SPEC section 5)
     clip_ratio: Annotated[float, Field(gt=0, le=1)] = 0.2
