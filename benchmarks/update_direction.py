@@ -1,0 +1,113 @@
+"""Where did a run's policy updates go? (issue 15, item 3)
+
+Update k of a run takes checkpoint k-1 (the warm start for k = 1) to checkpoint k on
+iteration k's rollout table, which checkpoint k-1 sampled. For every call of that table this
+script scores the response's log-probability under both, and prints, per update and phase,
+the mean change of log p for the calls with a positive advantage (A > 0.5), a small one and a
+negative one (A < -0.5), the correlation of the change with A, the share of calls whose
+log p fell, and the update's mean entropy as the trainer logged it.
+
+Read the groups against each other, not against 0. The calls were sampled from checkpoint
+k-1, so the mean change over all of them estimates -KL(checkpoint k-1 || checkpoint k), which
+is negative for any change of the policy: on average the sampled replies lose probability,
+whatever the advantages say (printed as `KL(old, new)`, per call). A is the table's
+``advantage``, as the trainer used it (after ``algo.negative_weight``). An update that follows its
+advantages raises the first group against the middle one and lowers the last; one whose
+advantages were attached to the wrong calls would show no such order and a correlation
+near 0.
+
+    python benchmarks/update_direction.py <run dir> [--updates 4]
+
+``<run dir>`` is ``paths.runs/<run name>`` (``rollouts/``, ``checkpoints/``, ``metrics.jsonl``).
+The warm start is the ``base_model`` of the first checkpoint's manifest unless ``--base``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from mage.algo import AlgoConfig
+from mage.models.policy import load_policy
+from mage.train.config import TrainConfig
+from mage.train.trainer import PolicyTrainer
+
+POSITIVE, NEGATIVE = 0.5, -0.5
+
+
+def response_logprobs(model_dir: str | Path, table: pl.DataFrame) -> np.ndarray:
+    """Each row's summed log-probability of its response tokens under ``model_dir``'s weights
+    (the trainer's own teacher-forced scoring)."""
+    trainer = PolicyTrainer(load_policy(model_dir, device="cpu"), TrainConfig(), AlgoConfig(kl_coef=0.0))
+    return np.array([sum(row) for row in trainer.logprobs(table)])
+
+
+def direction(table: pl.DataFrame, before: np.ndarray, after: np.ndarray) -> list[dict]:
+    """Per phase (and all calls): how log p moved, by the sign of each call's advantage."""
+    advantage = table["advantage"].to_numpy()
+    delta = after - before
+    phases = table["phase"].to_numpy()
+    rows = []
+    for phase in ("play", "reflect", "all"):
+        keep = np.ones(len(table), bool) if phase == "all" else phases == phase
+        a, d = advantage[keep], delta[keep]
+        if not len(a):
+            continue
+
+        def mean(mask: np.ndarray) -> float:
+            return float(d[mask].mean()) if mask.any() else float("nan")
+
+        rows.append({
+            "phase": phase, "calls": int(keep.sum()),
+            "A>0.5": int((a > POSITIVE).sum()), "A<-0.5": int((a < NEGATIVE).sum()),
+            "dlogp A>0.5": mean(a > POSITIVE), "dlogp -0.5..0.5": mean(np.abs(a) <= POSITIVE),
+            "dlogp A<-0.5": mean(a < NEGATIVE),
+            "corr(dlogp, A)": float(np.corrcoef(a, d)[0, 1]) if a.std() > 0 and d.std() > 0 else float("nan"),
+            "logp fell": float((d < 0).mean()),
+            "KL(old, new)": float(-d.mean()),
+        })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a run directory: rollouts/, checkpoints/, metrics.jsonl")
+    parser.add_argument("--base", help="the weights update 1 started from (default: the first manifest's base_model)")
+    parser.add_argument("--updates", type=int, default=4, help="the first this many updates")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    checkpoints = args.run / "checkpoints"
+    base = args.base or json.loads((checkpoints / "ckpt-00001" / "manifest.json").read_text())["base_model"]
+    entropy = {}
+    if (args.run / "metrics.jsonl").is_file():
+        for line in (args.run / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            entropy[record.get("iteration")] = record.get("train/entropy", float("nan"))
+    weights = [base, *[checkpoints / f"ckpt-{k:05d}" for k in range(1, args.updates + 1)]]
+    started = time.perf_counter()
+    results = []
+    for k in range(1, args.updates + 1):
+        table = pl.read_parquet(args.run / "rollouts" / f"iteration-{k:05d}.parquet")
+        before, after = response_logprobs(weights[k - 1], table), response_logprobs(weights[k], table)
+        for row in direction(table, before, after):
+            results.append({"update": k, **row, "entropy": entropy.get(k, float("nan"))})
+    print(f"# {platform.node()}, {torch.get_num_threads()} threads; {args.run}; from {base}; "
+          f"{time.perf_counter() - started:.0f} s\n")
+    header = list(results[0])
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in results:
+        print("| " + " | ".join(f"{v:+.3f}" if isinstance(v, float) and k.startswith("dlogp") else
+                                f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in row.items()) + " |")
+
+
+if __name__ == "__main__":
+    main()
