@@ -40,11 +40,11 @@ statistics taken over the group's meta-episodes (or the mean-only version with
 
 ``negative_weight`` (default 1, the method) scales every negative ``advantage`` last, for
 either estimator; ``advantage_episode`` and ``advantage_step`` keep their unscaled values.
-Below 1 it is a departure from MAGE-SPEC for a policy that rarely succeeds: with a mean
-baseline, a rare success leaves most calls slightly below the mean, and the update then
-mostly lowers the probability of what was sampled, which spreads the policy (BENCHMARKS.md,
-"Where Sokoban's updates go"). At 0 the update imitates only the calls that did better than
-their baseline (self-imitation learning, Oh et al. 2018).
+Below 1 it departs from MAGE-SPEC: the update leans on the calls that did better than their
+baseline. It is meant for a policy that rarely succeeds, where the few successes raise the
+mean and most calls sit a little below it; at 0 it is self-imitation learning (Oh et al.
+2018). On Sokoban's reading warm start it did not help (BENCHMARKS.md, "Self-imitation, and
+where the updates go").
 
 Standard deviations are population ones (ddof 0).
 """
