@@ -72,19 +72,23 @@ def test_losing_meta_episode_plays_every_episode_with_reflections():
     assert "1. You: check\n2. Opponent: bet" in second_call
 
 
-def test_progress_shows_the_calls_while_no_meta_episode_has_ended(capsys, monkeypatch):
-    # Evaluations run their meta-episodes in lockstep, so the meta-episode count stays at 0
-    # until the end: the bar (stderr, a log file too) must still move with the calls.
+def test_progress_shows_the_calls_while_the_meta_episode_count_stands_still(capsys, monkeypatch):
+    # Evaluations run their meta-episodes in lockstep, so the count of ended ones stands still
+    # for minutes: the bar (stderr, a log file too) must still move with the calls.
     from mage.rollout import engine as engine_module
 
     monkeypatch.setattr(engine_module, "PROGRESS_SECONDS", 0.0)
-    spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
-    engine = RolloutEngine(ScriptedBackend(always(PASS), seed=0), RolloutConfig(group_size=1), KUHN.game.params)
-    engine.run([spec], SamplingSettings(), progress=True)
+    # Always bet: with K against aggressive's J the agent wins at once (its opponent folds); with
+    # J against K it loses each episode at its one call: bet, reflect, bet, reflect, bet.
+    specs = [MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([K, J])),
+             MetaEpisodeSpec(1, 1, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))]
+    engine = RolloutEngine(ScriptedBackend(always(BET), seed=0), RolloutConfig(group_size=1), KUHN.game.params)
+    table = engine.run(specs, SamplingSettings(), progress=True)
+    assert table.group_by("meta_id").len().sort("meta_id")["len"].to_list() == [1, 5]
     lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
-    # 8 calls (test_losing_meta_episode_plays_every_episode_with_reflections), one a step;
-    # the meta-episode ends with the 8th
-    assert {f"calls={n}" for n in range(1, 8)} <= {line.split(", ")[-1].rstrip("]") for line in lines if " 0/1 " in line}
+    shown = {line.rstrip().split(", ")[-1].rstrip("]") for line in lines if " 1/2 " in line}  # tqdm pads with spaces
+    # one call each at step 1 (the first meta-episode ends), then one a step for the second
+    assert {"calls=3", "calls=4", "calls=5"} <= shown, lines
 
 
 def test_early_stop_after_a_win_is_configurable():
