@@ -101,14 +101,45 @@ def test_negative_weight_scales_only_negative_advantages_by_hand():
     cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, negative_weight=0.25)
     t = add_advantages(add_returns(TABLE, cfg), cfg)
     # the advantages of test_gigpo_advantages_global_anchor_by_hand, negatives times 0.25
-    assert column(t, "advantage") == pytest.approx([-13.6125 / 4, -12.8625 / 4, 7.2, 14.6375, 4.6375, -34 / 12, 8 / 3, 26 / 3])
+    assert column(t, "advantage") == pytest.approx(
+        [-13.6125 / 4, -12.8625 / 4, 7.2, 14.6375, 4.6375, -34 / 12, 8 / 3, 26 / 3])
     # its two terms are left as they were
     assert column(t, "advantage_episode") == pytest.approx([-8.8, -7.8, 7.2, 7.2, 2.2, -19 / 3, 8 / 3, 11 / 3])
     grpo = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, estimator="grpo",
                       norm="mean_std_norm", negative_weight=0.0)
     # test_grpo_baseline_by_hand's -1, -1, -1, -1, 1, 0, 0, 0 with the negatives at 0
-    assert column(add_advantages(add_returns(TABLE, grpo), grpo), "advantage") == pytest.approx([0, 0, 0, 0, 1, 0, 0, 0],
-                                                                                             abs=1e-5)
+    grpo_table = add_advantages(add_returns(TABLE, grpo), grpo)
+    assert column(grpo_table, "advantage") == pytest.approx([0, 0, 0, 0, 1, 0, 0, 0], abs=1e-5)
+    assert column(grpo_table, "advantage_episode") == pytest.approx([-1, -1, -1, -1, 1, 0, 0, 0], abs=1e-5)
+
+
+@given(st.lists(st.tuples(st.sampled_from("AB"), st.lists(st.tuples(st.sampled_from([-10.0, 0.0, 10.0]), st.booleans()),
+                                                         min_size=1, max_size=3)), min_size=1, max_size=8),
+       st.sampled_from([0.0, 0.25]), st.sampled_from([0.5, 1.0]))
+@settings(max_examples=60, deadline=None)
+def test_negative_weight_scales_the_sum_of_the_two_terms(metas, negative_weight, step_weight):
+    """The weight applies to A_ep + w * A_step, not to each term: where the terms have opposite
+    signs the two readings differ. The terms themselves are those of negative_weight 1."""
+    rows = []
+    for meta, (opponent, episodes) in enumerate(metas):
+        for n, (ret, invalid) in enumerate(episodes, start=1):
+            if n > 1:
+                rows.append(row(meta, opponent, n, 0, ret=ret, phase="reflect", observation="end"))
+            rows.append(row(meta, opponent, n, 1, ret=ret, valid=not invalid))
+            rows.append(row(meta, opponent, n, 2, ret=ret, done=True, observation="s1"))
+    plain_cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, step_weight=step_weight)
+    weighted_cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, step_weight=step_weight,
+                              negative_weight=negative_weight)
+    order = ["meta_id", "episode", "turn"]
+    plain = add_advantages(add_returns(from_rows(rows), plain_cfg), plain_cfg).sort(order)
+    weighted = add_advantages(add_returns(from_rows(rows), weighted_cfg), weighted_cfg).sort(order)
+    assert weighted["advantage_episode"].to_list() == plain["advantage_episode"].to_list()
+    assert weighted["advantage_step"].to_list() == plain["advantage_step"].to_list()
+    expected = []
+    for episode_term, step_term in zip(plain["advantage_episode"], plain["advantage_step"]):
+        total = episode_term + step_weight * step_term
+        expected.append(total * negative_weight if total < 0 else total)
+    assert weighted["advantage"].to_list() == pytest.approx(expected, abs=1e-9)
 
 
 def test_local_anchor_and_step_weight():

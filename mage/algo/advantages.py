@@ -42,9 +42,10 @@ statistics taken over the group's meta-episodes (or the mean-only version with
 either estimator; ``advantage_episode`` and ``advantage_step`` keep their unscaled values.
 Below 1 it departs from MAGE-SPEC: the update leans on the calls that did better than their
 baseline. It is meant for a policy that rarely succeeds, where the few successes raise the
-mean and most calls sit a little below it; at 0 it is self-imitation learning (Oh et al.
-2018). On Sokoban's reading warm start it did not help (BENCHMARKS.md, "Self-imitation, and
-where the updates go").
+mean and most calls sit a little below it. At 0 only positive advantages remain, akin to
+self-imitation learning's (R - V)+ (Oh et al. 2018) without its replay buffer. On Sokoban's
+reading warm start it did not help (BENCHMARKS.md, "Self-imitation, and where the updates
+go").
 
 Standard deviations are population ones (ddof 0).
 """
@@ -94,7 +95,8 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
         )
         return (
             table.join(per_meta, on=META_EPISODE, how="left")
-            .with_columns(pl.lit(0.0).alias("advantage_step"), _weighted(pl.col("advantage_episode"), cfg).alias("advantage"))
+            .with_columns(pl.lit(0.0).alias("advantage_step"),
+                          _weighted(pl.col("advantage_episode"), cfg).alias("advantage"))
             .sort(ORDER)
         )
 

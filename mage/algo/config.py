@@ -43,8 +43,9 @@ class AlgoConfig:
     grouping: Grouping = "stationary"
     step_weight: NonNegative = 1.0  # w in A = A_ep + w * A_step
     # Scales the negative advantages, after A = A_ep + w * A_step: 1 is the method's; below 1 the
-    # update leans on the calls that did better than their baseline (0: self-imitation, Oh et al.
-    # 2018), for a policy that rarely succeeds (mage/algo/advantages.py)
+    # update leans on the calls that did better than their baseline (0: positive advantages only,
+    # akin to self-imitation's (R - V)+ without its replay buffer), for a policy that rarely
+    # succeeds (mage/algo/advantages.py)
     negative_weight: Annotated[float, Field(ge=0, le=1)] = 1.0
     epsilon: Annotated[float, Field(gt=0, le=1)] = 1e-6
     # PPO (MAGE-SPEC section 5)

@@ -62,7 +62,8 @@ DERIVED_COLUMNS: dict[str, tuple[pl.DataType, str]] = {
     "episode_score": (pl.Float64, "s_i: meta_reward of the row's episode plus the row's penalty"),
     "advantage_episode": (pl.Float64, "GiGPO episode-level term"),
     "advantage_step": (pl.Float64, "GiGPO step-level term"),
-    "advantage": (pl.Float64, "A_ep + w * A_step, negatives times algo.negative_weight; broadcast over the response tokens"),
+    "advantage": (pl.Float64,
+                  "A_ep + w * A_step, negatives times algo.negative_weight; broadcast over the response tokens"),
 }
 
 ALL_COLUMNS = BASE_COLUMNS | DERIVED_COLUMNS
