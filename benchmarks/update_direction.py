@@ -10,8 +10,13 @@ log p fell, and the update's mean entropy as the trainer logged it.
 Read the groups against each other, not against 0. The calls were sampled from checkpoint
 k-1, so the mean change over all of them estimates -KL(checkpoint k-1 || checkpoint k), which
 is negative for any change of the policy: on average the sampled replies lose probability,
-whatever the advantages say (printed as `KL(old, new)`, per call). A is the table's
-``advantage``, as the trainer used it (after ``algo.negative_weight``). An update that follows its
+whatever the advantages say (printed as `KL(old, new)`, per call; the identity needs the rollouts
+sampled at temperature 1 without top-p or top-k, as training samples). A is the table's
+``advantage``, as the trainer used it (after ``algo.negative_weight``). Calls without reply
+tokens are left out, as the trainer leaves them out.
+
+The sums are over a reply's tokens, so long replies have more to gain or lose; the invalid
+and overlong ones carry the penalties and sit in the negative group. An update that follows its
 advantages raises the first group against the middle one and lowers the last; one whose
 advantages were attached to the wrong calls would show no such order and a correlation
 near 0.
@@ -35,21 +40,30 @@ import polars as pl
 import torch
 
 from mage.algo import AlgoConfig
-from mage.models.policy import load_policy
+from mage.models.policy import Policy, load_policy
 from mage.train.config import TrainConfig
 from mage.train.trainer import PolicyTrainer
 
 POSITIVE, NEGATIVE = 0.5, -0.5
 
 
-def response_logprobs(model_dir: str | Path, table: pl.DataFrame) -> np.ndarray:
-    """Each row's summed log-probability of its response tokens under ``model_dir``'s weights
-    (the trainer's own teacher-forced scoring)."""
-    trainer = PolicyTrainer(load_policy(model_dir, device="cpu"), TrainConfig(), AlgoConfig(kl_coef=0.0))
+def policy_at(weights: str | Path, base: str) -> Policy:
+    """A checkpoint's policy: a full model's directory, or the base model with a LoRA
+    checkpoint's adapter (its manifest says which)."""
+    manifest = Path(weights) / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("kind") == "lora":
+        return load_policy(base, device="cpu", adapter=weights)
+    return load_policy(weights, device="cpu")
+
+
+def response_logprobs(policy: Policy, table: pl.DataFrame) -> np.ndarray:
+    """Each row's summed log-probability of its response tokens under ``policy`` (the
+    trainer's own teacher-forced scoring)."""
+    trainer = PolicyTrainer(policy, TrainConfig(), AlgoConfig(kl_coef=0.0))
     return np.array([sum(row) for row in trainer.logprobs(table)])
 
 
-def direction(table: pl.DataFrame, before: np.ndarray, after: np.ndarray) -> list[dict]:
+def direction(table: pl.DataFrame, before: np.ndarray, after: np.ndarray) -> list[dict[str, float | int | str]]:
     """Per phase (and all calls): how log p moved, by the sign of each call's advantage."""
     advantage = table["advantage"].to_numpy()
     delta = after - before
@@ -66,9 +80,10 @@ def direction(table: pl.DataFrame, before: np.ndarray, after: np.ndarray) -> lis
 
         rows.append({
             "phase": phase, "calls": int(keep.sum()),
-            "A>0.5": int((a > POSITIVE).sum()), "A<-0.5": int((a < NEGATIVE).sum()),
-            "dlogp A>0.5": mean(a > POSITIVE), "dlogp -0.5..0.5": mean(np.abs(a) <= POSITIVE),
-            "dlogp A<-0.5": mean(a < NEGATIVE),
+            f"A>{POSITIVE}": int((a > POSITIVE).sum()), f"A<{NEGATIVE}": int((a < NEGATIVE).sum()),
+            f"dlogp A>{POSITIVE}": mean(a > POSITIVE),
+            f"dlogp {NEGATIVE}..{POSITIVE}": mean((a >= NEGATIVE) & (a <= POSITIVE)),
+            f"dlogp A<{NEGATIVE}": mean(a < NEGATIVE),
             "corr(dlogp, A)": float(np.corrcoef(a, d)[0, 1]) if a.std() > 0 and d.std() > 0 else float("nan"),
             "logp fell": float((d < 0).mean()),
             "KL(old, new)": float(-d.mean()),
@@ -92,11 +107,16 @@ def main() -> None:
             record = json.loads(line)
             entropy[record.get("iteration")] = record.get("train/entropy", float("nan"))
     weights = [base, *[checkpoints / f"ckpt-{k:05d}" for k in range(1, args.updates + 1)]]
+    tables = [args.run / "rollouts" / f"iteration-{k:05d}.parquet" for k in range(1, args.updates + 1)]
+    missing = [str(path) for path in [*weights[1:], *tables] if not path.exists()]
+    if missing:  # train.checkpoint_every > 1 keeps fewer checkpoints than iterations
+        raise SystemExit(f"update_direction needs a checkpoint and a rollout table per update; missing: {missing}")
     started = time.perf_counter()
     results = []
     for k in range(1, args.updates + 1):
-        table = pl.read_parquet(args.run / "rollouts" / f"iteration-{k:05d}.parquet")
-        before, after = response_logprobs(weights[k - 1], table), response_logprobs(weights[k], table)
+        table = pl.read_parquet(tables[k - 1]).filter(pl.col("response_token_ids").list.len() > 0)
+        before = response_logprobs(policy_at(weights[k - 1], base), table)
+        after = response_logprobs(policy_at(weights[k], base), table)
         for row in direction(table, before, after):
             results.append({"update": k, **row, "entropy": entropy.get(k, float("nan"))})
     print(f"# {platform.node()}, {torch.get_num_threads()} threads; {args.run}; from {base}; "
@@ -105,8 +125,9 @@ def main() -> None:
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in results:
-        print("| " + " | ".join(f"{v:+.3f}" if isinstance(v, float) and k.startswith("dlogp") else
-                                f"{v:.3f}" if isinstance(v, float) else str(v) for k, v in row.items()) + " |")
+        print("| " + " | ".join(f"{value:+.3f}" if isinstance(value, float) and key.startswith("dlogp") else
+                                f"{value:.3f}" if isinstance(value, float) else str(value)
+                                for key, value in row.items()) + " |")
 
 
 if __name__ == "__main__":

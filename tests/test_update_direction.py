@@ -23,42 +23,52 @@ from mage.algo import AlgoConfig
 from mage.models.policy import load_policy
 from mage.train.config import TrainConfig
 from mage.train.trainer import PolicyTrainer
-from tests.test_trainer import fixed_batch
+from test_trainer import fixed_batch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import update_direction  # noqa: E402
 
 
-def plain_logprob(model_dir: Path, prompt: list[int], response: list[int]) -> float:
+def plain_logprobs(model_dir: Path, table: pl.DataFrame) -> list[float]:
+    """Each row's summed reply log-probability, one plain forward pass a row."""
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
-    return sum(float(logprobs[len(prompt) - 1 + t, token]) for t, token in enumerate(response))
+    sums = []
+    for prompt, response in zip(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list()):
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=torch.tensor([prompt + response])).logits[0, :-1].float(), -1)
+        sums.append(sum(float(logprobs[len(prompt) - 1 + t, token]) for t, token in enumerate(response)))
+    return sums
+
+
+def printed_row(stdout: str, update: int, phase: str) -> dict[str, str]:
+    lines = stdout.splitlines()
+    header_line = next(line for line in lines if line.startswith("| update"))
+    header = [cell.strip() for cell in header_line.strip("|").split("|")]
+    rows = [line for line in lines if line.startswith(f"| {update} | {phase} |")]
+    assert len(rows) == 1, stdout
+    return dict(zip(header, [cell.strip() for cell in rows[0].strip("|").split("|")]))
 
 
 def test_one_update_raises_the_positive_replies_and_lowers_the_negative(tiny_model_dir, tmp_path):
     policy = load_policy(tiny_model_dir)
     table = fixed_batch(policy).with_columns(pl.lit("play").alias("phase"))
-    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-3, mini_batch_size=64), AlgoConfig(kl_coef=0.0, entropy_coef=0.0))
+    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-3, mini_batch_size=64),
+                            AlgoConfig(kl_coef=0.0, entropy_coef=0.0))
     trainer.update(table, seed=0)
     run = tmp_path / "run"
     checkpoint = run / "checkpoints" / "ckpt-00001"
     policy.model.save_pretrained(checkpoint)
     policy.tokenizer.save_pretrained(checkpoint)
-    (checkpoint / "manifest.json").write_text(json.dumps({"base_model": str(tiny_model_dir)}))
+    (checkpoint / "manifest.json").write_text(json.dumps({"base_model": str(tiny_model_dir), "kind": "full"}))
     (run / "rollouts").mkdir()
     table.write_parquet(run / "rollouts" / "iteration-00001.parquet")
 
-    before = update_direction.response_logprobs(tiny_model_dir, table)
-    after = update_direction.response_logprobs(checkpoint, table)
-    plain_change = []
-    for i, row in enumerate(table.iter_rows(named=True)):
-        plain_before = plain_logprob(tiny_model_dir, row["prompt_token_ids"], row["response_token_ids"])
-        plain_after = plain_logprob(checkpoint, row["prompt_token_ids"], row["response_token_ids"])
-        assert (before[i], after[i]) == pytest.approx((plain_before, plain_after), abs=1e-4)
-        plain_change.append(plain_after - plain_before)
+    plain_before, plain_after = plain_logprobs(tiny_model_dir, table), plain_logprobs(checkpoint, table)
+    before = update_direction.response_logprobs(update_direction.policy_at(tiny_model_dir, str(tiny_model_dir)), table)
+    after = update_direction.response_logprobs(update_direction.policy_at(checkpoint, str(tiny_model_dir)), table)
+    assert list(before) == pytest.approx(plain_before, abs=1e-4)
+    assert list(after) == pytest.approx(plain_after, abs=1e-4)
     unchanged = update_direction.direction(table, before, before)[0]
     assert (unchanged["dlogp A>0.5"], unchanged["dlogp A<-0.5"], unchanged["logp fell"]) == (0.0, 0.0, 0.0)
 
@@ -66,13 +76,21 @@ def test_one_update_raises_the_positive_replies_and_lowers_the_negative(tiny_mod
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_direction.py"), str(run), "--updates", "1",
                            "--threads", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("| 1 | all |")]
-    assert len(lines) == 1, done.stdout
-    cells = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    header = [cell.strip() for cell in next(l for l in done.stdout.splitlines() if l.startswith("| update")).strip("|").split("|")]
-    row = dict(zip(header, cells))
+    row = printed_row(done.stdout, 1, "all")
+    change = [a - b for a, b in zip(plain_after, plain_before)]
+    positive = [c for c, advantage in zip(change, table["advantage"]) if advantage > 0]
+    negative = [c for c, advantage in zip(change, table["advantage"]) if advantage < 0]
     assert (row["calls"], row["A>0.5"], row["A<-0.5"]) == ("4", "2", "2")
-    assert float(row["dlogp A>0.5"]) > 0 > float(row["dlogp A<-0.5"])
-    assert float(row["corr(dlogp, A)"]) > 0
-    assert float(row["logp fell"]) == 0.5
-    assert float(row["KL(old, new)"]) == pytest.approx(-sum(plain_change) / 4, abs=2e-3)  # printed to 3 decimals
+    # printed to 3 decimals; to first order the step raises the +1 replies and lowers the -1 ones
+    assert float(row["dlogp A>0.5"]) == pytest.approx(sum(positive) / 2, abs=2e-3) and min(positive) > 0
+    assert float(row["dlogp A<-0.5"]) == pytest.approx(sum(negative) / 2, abs=2e-3) and max(negative) < 0
+    assert float(row["corr(dlogp, A)"]) > 0 and float(row["logp fell"]) == 0.5
+    assert float(row["KL(old, new)"]) == pytest.approx(-sum(change) / 4, abs=2e-3)
+
+
+def test_a_missing_checkpoint_is_named(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(ROOT / "benchmarks" / "update_direction.py"), str(tmp_path), "--base", "x", "--updates", "1"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "ckpt-00001" in done.stderr and "iteration-00001.parquet" in done.stderr
