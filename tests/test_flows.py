@@ -189,6 +189,21 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     assert held_out == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
     assert Path(result["files"]["success_by_episode"].path).stat().st_size > 0
 
+    # The README's larger evaluation, as typed there (overrides before the options): its tables,
+    # the start's too, go to a directory of their own; the pipeline's start tables stay as they were.
+    import flows.__main__ as cli
+
+    settings = load_settings(args)
+    pipeline_start = Path(settings.paths.start_evaluation) / "train.parquet"
+    before = pipeline_start.read_bytes()
+    larger = tmp_path / "eval-larger"
+    assert cli.main(["evaluate", *args, "eval.meta_episodes=6", f"paths.start_evaluation={larger}/start",
+                     "--split", "train", "--out-dir", str(larger)]) == 0
+    assert pipeline_start.read_bytes() == before
+    for table in (larger / "train.parquet", larger / "start" / "train.parquet"):
+        assert pl.read_parquet(table)["meta_id"].n_unique() == 6
+    assert (larger / "report.md").is_file()
+
     # A newer run of another name: the nightly evaluation still takes the configured run, or
     # the one it is given, never merely the newest checkpoint on disk.
     other = [*args, "run.name=other", "train.iterations=1"]
