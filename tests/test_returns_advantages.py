@@ -113,13 +113,15 @@ def test_negative_weight_scales_only_negative_advantages_by_hand():
     assert column(grpo_table, "advantage_episode") == pytest.approx([-1, -1, -1, -1, 1, 0, 0, 0], abs=1e-5)
 
 
-@given(st.lists(st.tuples(st.sampled_from("AB"), st.lists(st.tuples(st.sampled_from([-10.0, 0.0, 10.0]), st.booleans()),
-                                                         min_size=1, max_size=3)), min_size=1, max_size=8),
-       st.sampled_from([0.0, 0.25]), st.sampled_from([0.5, 1.0]))
-@settings(max_examples=60, deadline=None)
-def test_negative_weight_scales_the_sum_of_the_two_terms(metas, negative_weight, step_weight):
-    """The weight applies to A_ep + w * A_step, not to each term: where the terms have opposite
-    signs the two readings differ. The terms themselves are those of negative_weight 1."""
+#: Random meta-episodes: an opponent, and per episode its return and whether its first call was invalid.
+META_EPISODES = st.lists(st.tuples(st.sampled_from("AB"), st.lists(st.tuples(st.sampled_from([-10.0, 0.0, 10.0]),
+                                                                             st.booleans()), min_size=1, max_size=3)),
+                         min_size=1, max_size=8)
+
+
+def meta_episode_rows(metas) -> list[dict]:
+    """Two play calls an episode (the first valid or not, the second ending it), a reflection
+    before every episode after the first."""
     rows = []
     for meta, (opponent, episodes) in enumerate(metas):
         for n, (ret, invalid) in enumerate(episodes, start=1):
@@ -127,6 +129,15 @@ def test_negative_weight_scales_the_sum_of_the_two_terms(metas, negative_weight,
                 rows.append(row(meta, opponent, n, 0, ret=ret, phase="reflect", observation="end"))
             rows.append(row(meta, opponent, n, 1, ret=ret, valid=not invalid))
             rows.append(row(meta, opponent, n, 2, ret=ret, done=True, observation="s1"))
+    return rows
+
+
+@given(META_EPISODES, st.sampled_from([0.0, 0.25]), st.sampled_from([0.5, 1.0]))
+@settings(max_examples=60, deadline=None)
+def test_negative_weight_scales_the_sum_of_the_two_terms(metas, negative_weight, step_weight):
+    """The weight applies to A_ep + w * A_step, not to each term: where the terms have opposite
+    signs the two readings differ. The terms themselves are those of negative_weight 1."""
+    rows = meta_episode_rows(metas)
     plain_cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, step_weight=step_weight)
     weighted_cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, step_weight=step_weight,
                               negative_weight=negative_weight)
@@ -192,21 +203,13 @@ def test_per_episode_baseline_by_hand():
     assert column(t, "advantage_step") == pytest.approx([-4.8125, -5.0625, 0, 7.4375, 2.4375, -5, 0, 5])
 
 
-@given(st.lists(st.tuples(st.sampled_from("AB"), st.lists(st.tuples(st.sampled_from([-10.0, 0.0, 10.0]), st.booleans()),
-                                                         min_size=1, max_size=3)), min_size=1, max_size=8),
-       st.sampled_from(["mean_norm", "mean_std_norm"]))
+@given(META_EPISODES, st.sampled_from(["mean_norm", "mean_std_norm"]))
 @settings(max_examples=60, deadline=None)
 def test_per_episode_baseline_against_a_second_implementation(metas, norm):
     """Random meta-episodes (opponent; per episode its return and whether its first call was
     invalid): the episode term equals (s - mean) [/ (std + eps)] over the calls of the same
     group and episode number, computed here with plain Python."""
-    rows = []
-    for meta, (opponent, episodes) in enumerate(metas):
-        for n, (ret, invalid) in enumerate(episodes, start=1):
-            if n > 1:
-                rows.append(row(meta, opponent, n, 0, ret=ret, phase="reflect", observation="end"))
-            rows.append(row(meta, opponent, n, 1, ret=ret, valid=not invalid))
-            rows.append(row(meta, opponent, n, 2, ret=ret, done=True, observation="s1"))
+    rows = meta_episode_rows(metas)
     cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, norm=norm, episode_baseline="per_episode")
     t = add_advantages(add_returns(from_rows(rows), cfg), cfg).sort("meta_id", "episode", "turn")
     cells: dict[tuple, list[float]] = {}
