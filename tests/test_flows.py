@@ -208,7 +208,6 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     # the one it is given, never merely the newest checkpoint on disk.
     other = [*args, "run.name=other", "train.iterations=1"]
     train(other)
-    settings = load_settings(args)
     nightly = nightly_evaluation(args)
     directory = Path(nightly["directory"])
     assert directory.name == settings.run_name and directory.parent.parent == Path(settings.paths.nightly)

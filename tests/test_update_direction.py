@@ -23,6 +23,7 @@ from mage.algo import AlgoConfig
 from mage.models.policy import load_policy
 from mage.train.config import TrainConfig
 from mage.train.trainer import PolicyTrainer
+from test_sokoban_benchmarks import run_script
 from test_trainer import fixed_batch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,11 +73,7 @@ def test_one_update_raises_the_positive_replies_and_lowers_the_negative(tiny_mod
     unchanged = update_direction.direction(table, before, before)[0]
     assert (unchanged["dlogp A>0.5"], unchanged["dlogp A<-0.5"], unchanged["logp fell"]) == (0.0, 0.0, 0.0)
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_direction.py"), str(run), "--updates", "1",
-                           "--threads", "1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    row = printed_row(done.stdout, 1, "all")
+    row = printed_row(run_script("update_direction.py", str(run), "--updates", "1", "--threads", "1"), 1, "all")
     change = [a - b for a, b in zip(plain_after, plain_before)]
     positive = [c for c, advantage in zip(change, table["advantage"]) if advantage > 0]
     negative = [c for c, advantage in zip(change, table["advantage"]) if advantage < 0]
