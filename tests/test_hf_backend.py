@@ -127,6 +127,52 @@ def test_lora_adapter_is_applied(tiny_model_dir, tmp_path):
     assert with_adapter.logprobs != pytest.approx(plain.logprobs, abs=1e-4) or with_adapter.token_ids != plain.token_ids
 
 
+@pytest.fixture(scope="module")
+def peaked_model_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny model with logits about 9 times larger (tied embeddings: the shared matrix
+    tripled), so temperature and top-k change its next-token distribution measurably, and with
+    a generation_config of its own that would narrow sampling if it applied (a Qwen's carries
+    a repetition penalty, top-k and top-p), plus a LoRA adapter that leaves it unchanged."""
+    from peft import LoraConfig, get_peft_model
+
+    directory = tmp_path_factory.mktemp("peaked-model")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(3.0)
+    model.generation_config.update(do_sample=True, top_k=5, top_p=0.3, min_p=0.5, repetition_penalty=5.0, typical_p=0.2)
+    model.save_pretrained(directory / "model")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(directory / "model")
+    fresh = get_peft_model(AutoModelForCausalLM.from_pretrained(directory / "model"),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # B = 0: no change
+    fresh.save_pretrained(directory / "adapter")
+    return directory
+
+
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_samples_follow_the_tempered_softmax_and_not_the_models_defaults(peaked_model_dir, with_adapter):
+    from scipy.stats import chisquare
+
+    temperature, draws = 0.5, 3000
+    backend = HFBackend(peaked_model_dir / "model", adapter=peaked_model_dir / "adapter" if with_adapter else None)
+    sampling = SamplingSettings(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=1, stop=(), seed=0)
+    generations = backend.generate([GenerationRequest("Your card: King (K).")] * draws, sampling)
+    inner = backend.model.get_base_model() if with_adapter else backend.model
+    assert inner.generation_config.top_k == 5, "the model's own config is put back"
+    # the expected distribution, from a plain forward pass of the saved model
+    reference = AutoModelForCausalLM.from_pretrained(peaked_model_dir / "model", dtype=torch.float32)
+    with torch.no_grad():
+        logits = reference(torch.tensor([generations[0].prompt_token_ids])).logits[0, -1]
+    expected = torch.softmax(logits.double() / temperature, -1).numpy()
+    observed = torch.bincount(torch.tensor([g.token_ids[0] for g in generations]), minlength=len(expected)).numpy()
+    # bins: the 10 likeliest tokens one by one, ranks 11-50 (what transformers' default
+    # top-k of 50 keeps), and the rest; the tail bins hold about a third of the mass
+    order = expected.argsort()[::-1]
+    bins = [order[i : i + 1] for i in range(10)] + [order[10:50], order[50:]]
+    assert expected[order[50:]].sum() > 0.2
+    counts = [observed[b].sum() for b in bins]
+    assert chisquare(counts, [draws * expected[b].sum() for b in bins]).pvalue > 1e-4, counts
+
+
 def test_engine_rows_carry_policy_logprobs(tiny_model_dir):
     cfg = compose(["game=kuhn_poker"])
     entries = [e for e in population_entries(cfg) if e.split == "train"]

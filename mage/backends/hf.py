@@ -2,8 +2,12 @@
 
 Prompts are formatted with the tokenizer's chat template (Qwen3 thinking on or off),
 sorted by length and cut into micro-batches with left padding, so short prompts are not
-padded to the longest of the whole batch. A clean ``GenerationConfig`` is built for every
-call so a model's own defaults (repetition penalty, temperature, ...) never leak in.
+padded to the longest of the whole batch. A model's own sampling defaults never apply:
+transformers fills every field that the call's ``GenerationConfig`` leaves unset from the
+model's ``generation_config`` (a Qwen's sets a repetition penalty, top-k, top-p and more),
+then from its global defaults (top-k 50). So the backend sets temperature, top-p and top-k
+itself (``top_k=0``: off, not transformers' 50) and hides the model's config during the call:
+the replies are samples of ``softmax(logits / temperature)`` with only the filters asked for.
 
 Two small hooks ride along ``generate``:
 
@@ -230,7 +234,7 @@ class HFBackend(Backend):
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy or sampling.top_k == 0 else sampling.top_k,
+            top_k=None if greedy else sampling.top_k,  # 0, not None: None would mean transformers' 50
             max_new_tokens=max_new_tokens,
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self._eos_ids(),
@@ -343,8 +347,12 @@ class HFBackend(Backend):
         finish = _FinishRecorder(self._stop_criteria(sampling.stop_for(phase)), self._eos_ids(), width, len(rows),
                                  self.tokenizer, opened, reply_start=width - spent, pause_rows=pause_rows,
                                  max_length=width + left)
+        generation_config = self._generation_config(sampling, left)
         was_training = self.model.training
         self.model.eval()
+        # generate reads the defaults of the transformers model under a peft wrapper
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        model_defaults, inner.generation_config = inner.generation_config, GenerationConfig()
         try:
             extra = {}
             if self.share_prefill and width > 1:
@@ -352,12 +360,13 @@ class HFBackend(Backend):
             sequences = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention,
-                generation_config=self._generation_config(sampling, left),
+                generation_config=generation_config,
                 logits_processor=LogitsProcessorList([recorder]),
                 stopping_criteria=StoppingCriteriaList([finish]),
                 **extra,
             )
         finally:
+            inner.generation_config = model_defaults
             self.model.train(was_training)
         logprobs = recorder.logprobs(sequences).cpu()
         generated = sequences[:, width:].cpu()
