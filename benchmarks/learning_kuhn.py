@@ -115,7 +115,8 @@ def throughput_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     settings = settings_for(args, "mage", 0, f"train.batching={args.throughput}")
     table = pl.read_parquet(args.table)
-    trainer = PolicyTrainer(load_run_policy(settings), settings.train, settings.algo)
+    trainer = PolicyTrainer(load_run_policy(settings), settings.train, settings.algo,
+                            temperature=settings.engine.sampling.temperature)
     metrics = trainer.update(table, seed=0)
     print(json.dumps({
         "batching": args.throughput, "tokens_per_second": metrics["tokens_per_second"], "seconds": metrics["seconds"],

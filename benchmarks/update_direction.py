@@ -10,10 +10,11 @@ log p fell, and the update's mean entropy as the trainer logged it.
 Read the groups against each other, not against 0. The calls were sampled from checkpoint
 k-1, so the mean change over all of them estimates -KL(checkpoint k-1 || checkpoint k), which
 is negative for any change of the policy: on average the sampled replies lose probability,
-whatever the advantages say (printed as `KL(old, new)`, per call; the identity needs the rollouts
-sampled at temperature 1 without top-p or top-k, as training samples). A is the table's
-``advantage``, as the trainer used it (after ``algo.negative_weight``). Calls without reply
-tokens are left out, as the trainer leaves them out.
+whatever the advantages say (printed as `KL(old, new)`, per call; the identity needs the
+rollouts sampled without top-p or top-k, as training samples, and ``--temperature`` set to
+theirs). A is the table's ``advantage``, as the trainer used it (after
+``algo.negative_weight``). Calls without reply tokens are left out, as the trainer leaves them
+out.
 
 The sums are over a reply's tokens, so long replies have more to gain or lose; the invalid
 and overlong ones carry the penalties and sit in the negative group. An update that follows its
@@ -56,10 +57,10 @@ def policy_at(weights: str | Path, base: str) -> Policy:
     return load_policy(weights, device="cpu")
 
 
-def response_logprobs(policy: Policy, table: pl.DataFrame) -> np.ndarray:
-    """Each row's summed log-probability of its response tokens under ``policy`` (the
-    trainer's own teacher-forced scoring)."""
-    trainer = PolicyTrainer(policy, TrainConfig(), AlgoConfig(kl_coef=0.0))
+def response_logprobs(policy: Policy, table: pl.DataFrame, temperature: float = 1.0) -> np.ndarray:
+    """Each row's summed log-probability of its response tokens under ``policy`` at the
+    rollouts' sampling temperature (the trainer's own teacher-forced scoring)."""
+    trainer = PolicyTrainer(policy, TrainConfig(), AlgoConfig(kl_coef=0.0), temperature=temperature)
     return np.array([sum(row) for row in trainer.logprobs(table)])
 
 
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a run directory: rollouts/, checkpoints/, metrics.jsonl")
     parser.add_argument("--base", help="the weights update 1 started from (default: the first manifest's base_model)")
     parser.add_argument("--updates", type=int, default=4, help="the first this many updates")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="the run's engine.sampling.temperature: the policy the trainer scored")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -115,8 +118,8 @@ def main() -> None:
     results = []
     for k in range(1, args.updates + 1):
         table = pl.read_parquet(tables[k - 1]).filter(pl.col("response_token_ids").list.len() > 0)
-        before = response_logprobs(policy_at(weights[k - 1], base), table)
-        after = response_logprobs(policy_at(weights[k], base), table)
+        before = response_logprobs(policy_at(weights[k - 1], base), table, args.temperature)
+        after = response_logprobs(policy_at(weights[k], base), table, args.temperature)
         for row in direction(table, before, after):
             results.append({"update": k, **row, "entropy": entropy.get(k, float("nan"))})
     print(f"# {platform.node()}, {torch.get_num_threads()} threads; {args.run}; from {base}; "

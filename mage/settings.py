@@ -161,6 +161,10 @@ class Settings:
             # sample from an older policy than the one PPO treats as on-policy.
             raise SettingsError(f"train.checkpoint_every: must be 1 with engine.backend=vllm (the engine serves each "
                                 f"iteration's policy from its checkpoint), got {train.checkpoint_every}")
+        if engine.sampling.temperature == 0:
+            raise SettingsError("engine.sampling.temperature: must be > 0: the training rollouts' replies are "
+                                "scored under the distribution they were sampled from, and greedy decoding has none "
+                                "(eval.sampling may be greedy)")
         eval_raw = dict(raw["eval"]) if isinstance(raw["eval"], Mapping) else raw["eval"]
         eval_sampling = {}
         if isinstance(eval_raw, Mapping):

@@ -65,7 +65,7 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "engine.hf.batch_size": below(1),
     "engine.vllm.gpu_memory_utilization": outside(0, 1, low_open=True),
     "engine.scripted.invalid_rate": outside(0, 1),
-    "engine.sampling.temperature": outside(0, 100),
+    "engine.sampling.temperature": outside(0, 100, low_open=True),  # training cannot be greedy
     "engine.sampling.top_p": outside(0, 1, low_open=True),
     "engine.sampling.top_k": below(0),
     "engine.sampling.max_new_tokens": below(1) | above(131072),

@@ -124,6 +124,27 @@ def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
     assert trainer.update(table, seed=1)["kl"] > 0
 
 
+def test_the_trainer_scores_the_tempered_policy_the_rollouts_sample(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    policy = load_policy(tiny_model_dir)
+    table = fixed_batch(policy)
+    temperature = 0.5
+    scored = PolicyTrainer(policy, TrainConfig(), AlgoConfig(), temperature=temperature).logprobs(table)
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for prompt, response, mine in zip(table["prompt_token_ids"], table["response_token_ids"], scored):
+        prompt, response = prompt.to_list(), response.to_list()
+        with torch.no_grad():
+            logits = plain(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+        untempered = torch.log_softmax(logits, -1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+        assert mine == pytest.approx(expected.tolist(), abs=1e-5)
+        assert mine != pytest.approx(untempered.tolist(), abs=1e-3)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            PolicyTrainer(policy, TrainConfig(), AlgoConfig(), temperature=bad)
+
+
 def test_learning_rate_schedules_by_hand():
     constant = TrainConfig(iterations=4, learning_rate=1e-3)
     assert [constant.learning_rate_at(k) for k in (1, 2, 3, 4)] == [1e-3] * 4

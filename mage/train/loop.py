@@ -230,7 +230,7 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
     # The trainer is built on the base weights (full fine-tuning copies them as the
     # reference policy); a checkpoint's weights are loaded into the policy afterwards.
     policy = load_run_policy(settings)
-    trainer = PolicyTrainer(policy, settings.train, settings.algo)
+    trainer = PolicyTrainer(policy, settings.train, settings.algo, temperature=settings.engine.sampling.temperature)
     if checkpoint is not None:
         ckpt.load_weights(policy, checkpoint)
         ckpt.load_trainer_state(checkpoint, trainer.optimizer)

@@ -10,6 +10,12 @@
    micro-batches (token-mean over the mini-batch, see ``mage.algo.losses``), clips the
    gradient norm and takes one AdamW step.
 
+The policy is the one the rollouts sampled from: with ``temperature`` τ (the training
+rollouts' ``engine.sampling.temperature``) every log-prob, the ratio's, the reference's, the
+KL's and the entropy's, is of ``softmax(logits / τ)``, as in TRL's GRPO trainer. At τ = 1,
+the default, that is the model's own distribution. Top-p and top-k are not modelled: with
+them the rollouts sample from a truncated distribution and PPO runs slightly off-policy.
+
 Calls without response tokens (a backend that returned nothing) carry no loss and are
 skipped. The model stays in eval mode: no dropout, so at the first step ratio = 1 exactly.
 With ``train.gradient_checkpointing`` only the decoder layers' own ``training`` flags are
@@ -48,8 +54,11 @@ def _peak_memory_mib(device: torch.device) -> float:
 class PolicyTrainer:
     """Owns the policy, its reference and the optimizer; see the module docstring."""
 
-    def __init__(self, policy: Policy, train: TrainConfig, algo: AlgoConfig) -> None:
+    def __init__(self, policy: Policy, train: TrainConfig, algo: AlgoConfig, temperature: float = 1.0) -> None:
+        if not temperature > 0:  # also rejects NaN
+            raise ValueError(f"temperature: the sampling temperature of the trained policy must be > 0, got {temperature}")
         self.policy, self.train_cfg, self.algo = policy, train, algo
+        self.temperature = float(temperature)
         self.model = policy.model
         self.device = policy.device
         self.pad_id = policy.tokenizer.pad_token_id
@@ -96,8 +105,11 @@ class PolicyTrainer:
         return nullcontext()
 
     def forward(self, batch: MicroBatch, model: Any = None, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs [B, K] of the right-aligned response tokens (and their entropies)."""
+        """Log-probs [B, K] of the right-aligned response tokens (and their entropies), at the
+        trainer's temperature."""
         logits = causal_lm_forward(model or self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         targets = batch.targets.to(self.device)
         return token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
 
@@ -224,7 +236,9 @@ class PolicyTrainer:
         metrics = {key: value / max(steps, 1) for key, value in totals.items()}
         # Off-policy drift: the rollout's log-probs against the trainer's for the same tokens.
         # Near 0 when the generating engine serves the policy being trained (numerical noise).
-        recorded = table["response_logprobs"].to_list() if "response_logprobs" in table.columns else []
+        # Backends record the model's own log-probs (temperature 1), so only then do they compare.
+        comparable = "response_logprobs" in table.columns and self.temperature == 1.0
+        recorded = table["response_logprobs"].to_list() if comparable else []
         gaps = [abs(a - b) for row, mine in zip(recorded, old) if row and len(row) == len(mine)
                 for a, b in zip(row, mine.tolist())]
         if gaps:
