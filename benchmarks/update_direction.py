@@ -40,6 +40,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from mage import io
 from mage.algo import AlgoConfig
 from mage.models.policy import Policy, load_policy
 from mage.train.config import TrainConfig
@@ -104,11 +105,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     checkpoints = args.run / "checkpoints"
     base = args.base or json.loads((checkpoints / "ckpt-00001" / "manifest.json").read_text())["base_model"]
-    entropy = {}
-    if (args.run / "metrics.jsonl").is_file():
-        for line in (args.run / "metrics.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            entropy[record.get("iteration")] = record.get("train/entropy", float("nan"))
+    entropy = {m.get("iteration"): m.get("train/entropy", float("nan")) for m in io.read_json_lines(args.run / "metrics.jsonl")}
     weights = [base, *[checkpoints / f"ckpt-{k:05d}" for k in range(1, args.updates + 1)]]
     tables = [args.run / "rollouts" / f"iteration-{k:05d}.parquet" for k in range(1, args.updates + 1)]
     missing = [str(path) for path in [*weights[1:], *tables] if not path.exists()]

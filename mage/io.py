@@ -70,6 +70,30 @@ def read_json(path: str | os.PathLike, remedy: str = REMEDY) -> Any:
         raise CorruptFileError(path, "not valid JSON (not UTF-8 text)", remedy) from None
 
 
+def read_json_lines(path: str | os.PathLike, remedy: str = REMEDY) -> list[dict[str, Any]]:
+    """A JSON-lines file's records ([] where there is no file; blank lines are skipped); a
+    line that is not a JSON object is a :class:`CorruptFileError` naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise CorruptFileError(path, "not valid JSON lines (not UTF-8 text)", remedy) from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise CorruptFileError(path, f"line {number} is not valid JSON ({error.msg})", remedy) from None
+        if not isinstance(record, dict):
+            raise CorruptFileError(path, f"line {number} is not a JSON object", remedy)
+        records.append(record)
+    return records
+
+
 def replace_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
     """Build a directory with ``write(tmp_dir)`` (tmp_dir does not exist yet) and move it
     to ``path`` in one rename; an existing ``path`` is replaced."""

@@ -62,8 +62,6 @@ def write_report(
 ) -> dict[str, Any]:
     """The report of one checkpoint (None: the starting policy) beside the starting policy
     evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in ``out_dir``."""
-    import json
-
     from mage.population import load_manifest
     from mage.report import build_report, headline_metrics
     from mage.report import write_report as write
@@ -82,7 +80,6 @@ def write_report(
     report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
                           load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,
                           start_tables=start or None)
-    lines = history.resolve().read_text().splitlines() if history is not None else []
-    written = write(report, out_dir, history=[json.loads(line) for line in lines if line.strip()])
+    written = write(report, out_dir, history=io.read_json_lines(history.resolve()) if history is not None else [])
     return {"directory": out_dir, "files": {k: FileRef.of(v) for k, v in written.items()},
             "metrics": headline_metrics(report)}

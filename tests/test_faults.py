@@ -3,12 +3,15 @@ behind, and a run has one writer."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from conftest import process_ended
 
 from mage import io
@@ -36,6 +39,30 @@ def test_garbled_json_names_the_file_and_the_remedy(tmp_path):
         io.read_json(path)
     message = str(error.value)
     assert message.startswith(f"{path}: not valid JSON (") and "re-run" in message and "\n" not in message
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+                           max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.dictionaries(st.text(), JSON_VALUES, max_size=4), max_size=5), st.data())
+def test_json_lines_read_back_what_was_written_and_name_a_bad_line(tmp_path_factory, records, data):
+    path = tmp_path_factory.mktemp("lines") / "metrics.jsonl"
+    assert io.read_json_lines(path) == []  # no file yet: no records
+    lines = [json.dumps(r) for r in records]
+    blanks = data.draw(st.lists(st.integers(0, len(lines)), max_size=2))
+    for at in sorted(blanks, reverse=True):
+        lines.insert(at, "  ")
+    path.write_text("\n".join(lines) + "\n")
+    assert io.read_json_lines(path) == records
+    bad = data.draw(st.sampled_from(['{"iteration": 3', "[1, 2]", "nan?"]))
+    at = data.draw(st.integers(0, len(lines)))
+    path.write_text("\n".join([*lines[:at], bad, *lines[at:]]) + "\n")
+    with pytest.raises(io.CorruptFileError) as error:
+        io.read_json_lines(path)
+    assert str(error.value).startswith(f"{path}: line {at + 1} is not "), error.value
 
 
 def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_model_dir, tmp_path, caplog):

@@ -245,8 +245,7 @@ def record_metrics(settings: Settings, metrics: dict[str, Any]) -> list[dict[str
     """Append an iteration's metrics to the run's ``metrics.jsonl`` (replacing an older line
     of the same iteration); every recorded iteration's metrics, this one included."""
     path = RunPaths.of(settings).metrics
-    lines = path.read_text().splitlines() if path.is_file() else []
-    kept = [m for m in map(json.loads, filter(str.strip, lines)) if m.get("iteration") != metrics["iteration"]]
+    kept = [m for m in io.read_json_lines(path) if m.get("iteration") != metrics["iteration"]]
     # Rewriting the whole file atomically keeps it whole after a crash.
     io.write_text(path, "".join(json.dumps(m, sort_keys=True) + "\n" for m in [*kept, metrics]))
     return [*kept, metrics]
