@@ -105,7 +105,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     checkpoints = args.run / "checkpoints"
     base = args.base or json.loads((checkpoints / "ckpt-00001" / "manifest.json").read_text())["base_model"]
-    entropy = {m.get("iteration"): m.get("train/entropy", float("nan")) for m in io.read_json_lines(args.run / "metrics.jsonl")}
+    entropy = {m.get("iteration"): m.get("train/entropy", float("nan"))
+               for m in io.read_json_lines(args.run / "metrics.jsonl")}
     weights = [base, *[checkpoints / f"ckpt-{k:05d}" for k in range(1, args.updates + 1)]]
     tables = [args.run / "rollouts" / f"iteration-{k:05d}.parquet" for k in range(1, args.updates + 1)]
     missing = [str(path) for path in [*weights[1:], *tables] if not path.exists()]

@@ -78,7 +78,7 @@ def read_json_lines(path: str | os.PathLike, remedy: str = REMEDY) -> list[dict[
         return []
     records = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: JSON text may hold U+2028
     except UnicodeDecodeError:
         raise CorruptFileError(path, "not valid JSON lines (not UTF-8 text)", remedy) from None
     for number, line in enumerate(lines, 1):

@@ -63,6 +63,7 @@ def write_report(
     """The report of one checkpoint (None: the starting policy) beside the starting policy
     evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in ``out_dir``."""
     from mage.population import load_manifest
+    from mage.train.loop import METRICS_REMEDY
     from mage.report import build_report, headline_metrics
     from mage.report import write_report as write
 
@@ -80,6 +81,7 @@ def write_report(
     report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
                           load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,
                           start_tables=start or None)
-    written = write(report, out_dir, history=io.read_json_lines(history.resolve()) if history is not None else [])
+    history_records = io.read_json_lines(history.resolve(), METRICS_REMEDY) if history is not None else []
+    written = write(report, out_dir, history=history_records)
     return {"directory": out_dir, "files": {k: FileRef.of(v) for k, v in written.items()},
             "metrics": headline_metrics(report)}

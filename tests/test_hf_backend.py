@@ -129,10 +129,11 @@ def test_lora_adapter_is_applied(tiny_model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def peaked_model_dir(tiny_model_dir, tmp_path_factory):
-    """The tiny model with logits about 9 times larger (tied embeddings: the shared matrix
-    tripled), so temperature and top-k change its next-token distribution measurably, and with
-    a generation_config of its own that would narrow sampling if it applied (a Qwen's carries
-    a repetition penalty, top-k and top-p), plus a LoRA adapter that leaves it unchanged."""
+    """The tiny model with logits about 3 times larger (tied embeddings: the shared matrix
+    tripled, which the final norm undoes at the input), so temperature and top-k change its
+    next-token distribution measurably, and with a generation_config of its own that would
+    narrow sampling if it applied (a Qwen's carries a repetition penalty, top-k and top-p),
+    plus a LoRA adapter that leaves it unchanged."""
     from peft import LoraConfig, get_peft_model
 
     directory = tmp_path_factory.mktemp("peaked-model")

@@ -6,10 +6,11 @@ plus the game-side context that only the scripted backend reads) and
 prompt's token ids as the model saw them (chat template applied), the response's token
 ids and the log-probability of every sampled token.
 
-Log-probs are the policy's own: ``log_softmax`` of the model's raw logits at temperature
-1, before temperature, top-k or top-p reshape the sampling distribution. They are what a
-teacher-forced forward pass of the same model gives, and what PPO's ratio compares (the
-trainer still recomputes them; the rollout's copy is for checks and diagnostics).
+Log-probs are the model's own: ``log_softmax`` of its raw logits at temperature 1, before
+temperature, top-k or top-p reshape the sampling distribution. They are what a
+teacher-forced forward pass of the same model gives, and at sampling temperature 1 what PPO's
+ratio compares (the trainer recomputes its own, of ``softmax(logits / temperature)``; the
+rollout's copy is for checks and diagnostics).
 
 Stop strings follow the phase (:data:`PHASE_STOP_STRINGS`, :meth:`SamplingSettings.stop_for`): a play reply ends at ``</action>``, a
 reflection at ``</remark>``, so a reflection that quotes ``<action>bet</action>`` in its plan

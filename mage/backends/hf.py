@@ -30,7 +30,8 @@ sampled from the same distributions either way; only the random draws differ.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,20 @@ def _to_static(cache: Any, rows: torch.Tensor, config: Any, max_length: int) -> 
 
 #: Encoded prompts kept between the engine's count and its generation of the same step.
 ENCODED_PROMPTS_KEPT = 4096
+
+
+@contextmanager
+def _without_model_defaults(model: Any) -> Iterator[None]:
+    """Hide the model's own ``generation_config`` from ``generate`` (see the module docstring);
+    it is put back on the way out, exception or not. ``generate`` reads the config of the
+    transformers model, which a peft wrapper holds. Not reentrant: the flows run one rollout
+    on a model at a time (``tasks.state.LOCK``)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved, inner.generation_config = inner.generation_config, GenerationConfig()
+    try:
+        yield
+    finally:
+        inner.generation_config = saved
 
 
 class HFBackend(Backend):
@@ -350,23 +365,20 @@ class HFBackend(Backend):
         generation_config = self._generation_config(sampling, left)
         was_training = self.model.training
         self.model.eval()
-        # generate reads the defaults of the transformers model under a peft wrapper
-        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        model_defaults, inner.generation_config = inner.generation_config, GenerationConfig()
         try:
             extra = {}
             if self.share_prefill and width > 1:
                 extra["past_key_values"] = self._shared_prefill(rows, shared, input_ids, attention, width + left)
-            sequences = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=attention,
-                generation_config=generation_config,
-                logits_processor=LogitsProcessorList([recorder]),
-                stopping_criteria=StoppingCriteriaList([finish]),
-                **extra,
-            )
+            with _without_model_defaults(self.model):
+                sequences = self.model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention,
+                    generation_config=generation_config,
+                    logits_processor=LogitsProcessorList([recorder]),
+                    stopping_criteria=StoppingCriteriaList([finish]),
+                    **extra,
+                )
         finally:
-            inner.generation_config = model_defaults
             self.model.train(was_training)
         logprobs = recorder.logprobs(sequences).cpu()
         generated = sequences[:, width:].cpu()

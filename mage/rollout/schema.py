@@ -39,7 +39,7 @@ BASE_COLUMNS: dict[str, tuple[pl.DataType, str]] = {
     "response": (pl.String, "the model's reply"),
     "prompt_token_ids": (pl.List(pl.Int64), "prompt tokens as the model saw them (chat template applied)"),
     "response_token_ids": (pl.List(pl.Int64), "sampled tokens"),
-    "response_logprobs": (pl.List(pl.Float64), "log p of each sampled token under the rollout policy"),
+    "response_logprobs": (pl.List(pl.Float64), "log p of each sampled token under the rollout model, at temperature 1"),
     "finish_reason": (pl.String, "'stop' (stop string or end of sequence) or 'length'"),
     "dropped_episodes": (pl.Int64, "finished-episode blocks dropped from the prompt to fit the context"),
     "action": (pl.String, "parsed move(s) in words, comma-separated; null when invalid or reflecting"),

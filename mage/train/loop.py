@@ -241,11 +241,15 @@ def checkpoint_due(settings: Settings, iteration: int) -> bool:
     return iteration % settings.train.checkpoint_every == 0 or iteration == settings.train.iterations
 
 
+#: A damaged metrics.jsonl: every iteration's metrics are in it, and no one step rewrites them.
+METRICS_REMEDY = "fix or delete that line (the other iterations' metrics are kept), or restore the file with `dvc pull`"
+
+
 def record_metrics(settings: Settings, metrics: dict[str, Any]) -> list[dict[str, Any]]:
     """Append an iteration's metrics to the run's ``metrics.jsonl`` (replacing an older line
     of the same iteration); every recorded iteration's metrics, this one included."""
     path = RunPaths.of(settings).metrics
-    kept = [m for m in io.read_json_lines(path) if m.get("iteration") != metrics["iteration"]]
+    kept = [m for m in io.read_json_lines(path, METRICS_REMEDY) if m.get("iteration") != metrics["iteration"]]
     # Rewriting the whole file atomically keeps it whole after a crash.
     io.write_text(path, "".join(json.dumps(m, sort_keys=True) + "\n" for m in [*kept, metrics]))
     return [*kept, metrics]

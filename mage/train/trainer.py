@@ -56,7 +56,8 @@ class PolicyTrainer:
 
     def __init__(self, policy: Policy, train: TrainConfig, algo: AlgoConfig, temperature: float = 1.0) -> None:
         if not temperature > 0:  # also rejects NaN
-            raise ValueError(f"temperature: the sampling temperature of the trained policy must be > 0, got {temperature}")
+            raise ValueError(f"temperature: the sampling temperature of the trained policy must be > 0, "
+                             f"got {temperature}")
         self.policy, self.train_cfg, self.algo = policy, train, algo
         self.temperature = float(temperature)
         self.model = policy.model
@@ -109,7 +110,7 @@ class PolicyTrainer:
         trainer's temperature."""
         logits = causal_lm_forward(model or self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
         if self.temperature != 1.0:
-            logits = logits / self.temperature
+            logits = logits.float() / self.temperature  # in float32, as the samplers apply it
         targets = batch.targets.to(self.device)
         return token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
 
