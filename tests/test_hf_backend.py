@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from mage.backends import GenerationRequest, SamplingSettings
 from mage.backends.hf import HFBackend
@@ -172,6 +172,22 @@ def test_samples_follow_the_tempered_softmax_and_not_the_models_defaults(peaked_
     assert expected[order[50:]].sum() > 0.2
     counts = [observed[b].sum() for b in bins]
     assert chisquare(counts, [draws * expected[b].sum() for b in bins]).pvalue > 1e-4, counts
+
+
+def test_the_models_generation_config_is_hidden_during_generate_and_put_back_after_a_failure(tiny_model_dir,
+                                                                                              monkeypatch):
+    backend = HFBackend(tiny_model_dir)
+    own, seen = backend.model.generation_config, []
+
+    def failing_generate(*args, **kwargs):
+        seen.append(backend.model.generation_config)
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(backend.model, "generate", failing_generate)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        backend.generate([GenerationRequest("Your card: King (K).")], SamplingSettings(max_new_tokens=2))
+    assert seen and seen[0] is not own and seen[0].to_dict() == GenerationConfig().to_dict()
+    assert backend.model.generation_config is own
 
 
 def test_engine_rows_carry_policy_logprobs(tiny_model_dir):
