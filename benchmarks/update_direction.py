@@ -31,7 +31,6 @@ The warm start is the ``base_model`` of the first checkpoint's manifest unless `
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch
 from mage import io
 from mage.algo import AlgoConfig
 from mage.models.policy import Policy, load_policy
+from mage.train import checkpoint as ckpt
 from mage.train.config import TrainConfig
 from mage.train.trainer import PolicyTrainer
 
@@ -52,8 +52,7 @@ POSITIVE, NEGATIVE = 0.5, -0.5
 def policy_at(weights: str | Path, base: str) -> Policy:
     """A checkpoint's policy: a full model's directory, or the base model with a LoRA
     checkpoint's adapter (its manifest says which)."""
-    manifest = Path(weights) / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("kind") == "lora":
+    if (Path(weights) / ckpt.MANIFEST).is_file() and ckpt.Checkpoint.at(weights).kind == "lora":
         return load_policy(base, device="cpu", adapter=weights)
     return load_policy(weights, device="cpu")
 
@@ -104,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     checkpoints = args.run / "checkpoints"
-    base = args.base or json.loads((checkpoints / "ckpt-00001" / "manifest.json").read_text())["base_model"]
+    base = args.base or ckpt.Checkpoint.at(checkpoints / "ckpt-00001").manifest["base_model"]
     entropy = {m.get("iteration"): m.get("train/entropy", float("nan"))
                for m in io.read_json_lines(args.run / "metrics.jsonl")}
     weights = [base, *[checkpoints / f"ckpt-{k:05d}" for k in range(1, args.updates + 1)]]
