@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 from mage.algo import AlgoConfig
 from mage.models.policy import load_policy
-from mage.train.config import TrainConfig
+from mage.train.config import LoraSettings, TrainConfig
 from mage.train.trainer import PolicyTrainer
 from test_sokoban_benchmarks import run_script
 from test_trainer import fixed_batch
@@ -83,6 +83,32 @@ def test_one_update_raises_the_positive_replies_and_lowers_the_negative(tiny_mod
     assert float(row["dlogp A<-0.5"]) == pytest.approx(sum(negative) / 2, abs=2e-3) and max(negative) < 0
     assert float(row["corr(dlogp, A)"]) > 0 and float(row["logp fell"]) == 0.5
     assert float(row["KL(old, new)"]) == pytest.approx(-sum(change) / 4, abs=2e-3)
+
+
+def test_a_lora_checkpoint_is_scored_as_its_base_model_with_the_adapter_merged(tiny_model_dir, tmp_path):
+    """The LoRA branch of policy_at: the base model plus the checkpoint's adapter, scored in
+    eval mode (its dropout off), must give the log-probs of peft's merged model."""
+    from peft import PeftModel
+
+    lora = LoraSettings(r=4, alpha=8, dropout=0.5, target_modules=("q_proj", "v_proj", "up_proj"))
+    policy = load_policy(tiny_model_dir, lora=lora)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # peft starts lora_B at 0, which would leave the base model as it is
+        for name, parameter in policy.model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator))
+    checkpoint = tmp_path / "ckpt-00001"
+    policy.model.save_pretrained(checkpoint)
+    (checkpoint / "manifest.json").write_text(json.dumps({"base_model": str(tiny_model_dir), "kind": "lora"}))
+    merged_dir = tmp_path / "merged"
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    PeftModel.from_pretrained(base, str(checkpoint)).merge_and_unload().save_pretrained(merged_dir)
+    table = fixed_batch(policy)
+
+    scored = update_direction.response_logprobs(update_direction.policy_at(checkpoint, str(tiny_model_dir)), table)
+    plain_merged, plain_base = plain_logprobs(merged_dir, table), plain_logprobs(tiny_model_dir, table)
+    assert list(scored) == pytest.approx(plain_merged, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(plain_merged, plain_base)) > 0.1  # the adapter does change them
 
 
 def test_a_missing_checkpoint_is_named(tmp_path):
