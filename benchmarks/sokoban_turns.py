@@ -1,0 +1,148 @@
+"""How well does a Sokoban policy play its turns? A dense reading of evaluation tables.
+
+Success on 2-box levels is a rare, all-or-nothing outcome: at the tiny model's 24%, telling a
+change of 0.02 from noise takes about 1024 levels. Every valid play turn of an evaluation table
+says more. For each one, the board the call saw (its ``observation``) is solved optimally
+(``mage.games.sokoban.solver.solve``, a BFS) before and after the turn's moves (its ``action``,
+stopping once the level is solved, as the game does), and the turn is scored:
+
+* **fatal**: the level was solvable before the turn and is not after it (a box pushed where
+  it can never reach a target);
+* **moves gained**: how much shorter the shortest solution became (3 when all three moves
+  are optimal; 0 or less for a turn that wanders or undoes), over the turns that are not
+  fatal;
+* **all optimal**: the turn's moves are all on a shortest solution (a gain of min(3, distance)).
+
+Turns from a board that is already solved or already unsolvable are left out. A table is
+summed per level first (its ``initial_state``), so each level counts once. Every table after
+the first is paired with the first by level, as the report pairs success: the mean of the
+per-level differences, with the report's bootstrap interval over levels
+(``mage.stats.group_bootstrap``).
+
+    python benchmarks/sokoban_turns.py START.parquet CHECKPOINT.parquet [...]
+
+The tables are what ``python -m flows evaluate ... --out-dir DIR`` writes (``DIR/train.parquet``)
+or a training run's ``rollouts/iteration-*.parquet``; the levels of two tables must be the
+same for the pairing (an evaluation with the same ``eval.meta_episodes`` and seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from mage.games.sokoban.level import Level
+from mage.games.sokoban.solver import solve
+from mage.stats import group_bootstrap
+
+METRICS = ("fatal", "moves_gained", "all_optimal")
+
+
+@functools.lru_cache(maxsize=None)
+def distance(level: Level) -> int | None:
+    """Moves of a shortest solution; None when the level cannot be solved."""
+    solution = solve(level)
+    return None if solution is None else len(solution)
+
+
+def board_seen(observation: str) -> Level | None:
+    """The board of a Sokoban observation (``Board:``, a column header, then rows that start
+    with their number); None when the text holds no board."""
+    rows = [line.split(" ", 1)[1] for line in observation.splitlines() if line[:1].isdigit() and " " in line]
+    try:
+        return Level.from_text("\n".join(rows)) if rows else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Turn:
+    before: int | None  # shortest solution from the board the call saw
+    after: int | None   # ... after its moves
+
+    @property
+    def scored(self) -> bool:
+        return self.before is not None and self.before > 0
+
+    @property
+    def fatal(self) -> bool:
+        return self.after is None
+
+    @property
+    def moves_gained(self) -> int | None:
+        return None if self.before is None or self.after is None else self.before - self.after
+
+
+def play_turn(observation: str, action: str) -> Turn:
+    """The solver's distance before and after a turn's moves (comma-separated names)."""
+    level = board_seen(observation)
+    if level is None:
+        return Turn(None, None)
+    before = distance(level)
+    for move in (name.strip() for name in action.split(",")):
+        if level.is_solved:
+            break
+        if move:
+            level = level.move(move)[0]
+    return Turn(before, distance(level))
+
+
+def per_level(table: pl.DataFrame) -> pl.DataFrame:
+    """Per level (``initial_state``): scored turns, and the means of the three turn metrics
+    (moves gained over the non-fatal turns; null where a level has none)."""
+    plays = table.filter((pl.col("phase") == "play") & pl.col("valid"))
+    rows = []
+    for level, observation, action in zip(plays["initial_state"], plays["observation"], plays["action"]):
+        turn = play_turn(observation, action or "")
+        if turn.scored:
+            gained = turn.moves_gained
+            rows.append((level, float(turn.fatal), None if gained is None else float(gained),
+                         float(gained is not None and gained == min(3, turn.before))))
+    schema = {"initial_state": pl.String, "fatal": pl.Float64, "moves_gained": pl.Float64, "all_optimal": pl.Float64}
+    turns = pl.DataFrame(rows, schema=schema, orient="row")
+    return turns.group_by("initial_state").agg(pl.len().alias("turns"), *(pl.col(m).mean() for m in METRICS))
+
+
+def paired(start: pl.DataFrame, other: pl.DataFrame, metric: str) -> dict[str, float | int | tuple[float, float] | None]:
+    """``metric`` on the levels both tables score: each table's mean over them, the mean
+    per-level difference (other - start), its 95% interval and how many levels."""
+    joined = start.join(other, on="initial_state", suffix="_other").drop_nulls([metric, f"{metric}_other"])
+    first, this = joined[metric].to_numpy(), joined[f"{metric}_other"].to_numpy()
+    if not len(first):
+        return {"first": float("nan"), "this": float("nan"), "difference": float("nan"), "interval": None, "levels": 0}
+    differences = this - first
+    return {"first": float(first.mean()), "this": float(this.mean()), "difference": float(differences.mean()),
+            "interval": group_bootstrap(differences, np.ones(len(differences))), "levels": len(differences)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("tables", nargs="+", type=Path, help="evaluation tables; the first is the baseline")
+    args = parser.parse_args()
+    levels = [per_level(pl.read_parquet(path)) for path in args.tables]
+    print(f"# {platform.node()}, {platform.machine()}, Python {platform.python_version()}")
+    print("| table | levels | scored turns | fatal | moves gained | all optimal |")
+    print("|---|---|---|---|---|---|")
+    for path, table in zip(args.tables, levels):
+        means = [table[m].mean() for m in METRICS]
+        print(f"| {path} | {len(table)} | {table['turns'].sum()} | " + " | ".join(f"{v:.3f}" for v in means) + " |")
+    if len(levels) > 1:
+        print()
+        print("| table, against the first (paired by level) | metric | first | this | difference [95%] | levels |")
+        print("|---|---|---|---|---|---|")
+        for path, table in zip(args.tables[1:], levels[1:]):
+            for metric in METRICS:
+                pair = paired(levels[0], table, metric)
+                low, high = pair["interval"] or (float("nan"), float("nan"))
+                print(f"| {path} | {metric} | {pair['first']:.3f} | {pair['this']:.3f} | "
+                      f"{pair['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {pair['levels']} |")
+
+
+if __name__ == "__main__":
+    main()

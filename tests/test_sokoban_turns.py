@@ -1,0 +1,120 @@
+"""benchmarks/sokoban_turns.py on hand-made levels whose shortest solutions are counted by hand.
+
+ROUND: the box is left of the player on the top row, the target at the right end. The box
+can only go right (left is the corner, and nothing stands above it to push it down), so the
+player walks round it, down, left, left, up (4 moves), then pushes it right 3 times: 7.
+PUSH_OFF: one push right solves it; a second push would take the box off the target into
+the corner beyond, which the game never plays, as it ends the episode when solved.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mage.games.base import InitialState
+from mage.games.sokoban.game import Sokoban
+from mage.games.sokoban.generator import generate_level
+from mage.games.sokoban.level import Level
+from test_sokoban_benchmarks import run_script
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import sokoban_turns  # noqa: E402
+
+ROUND = """
+#######
+#_$@_.#
+#_____#
+#######
+"""
+PUSH_OFF = """
+######
+#@$._#
+######
+"""
+SOLVED = """
+####
+#*@#
+####
+"""
+
+
+def observation(level_text: str) -> str:
+    """What the rollout engine records as the call's observation, from the game itself."""
+    level = Level.from_text(level_text)
+    initial = InitialState("sokoban", 0, 0, {"level": level.to_data(), "optimal_moves": -1})
+    return Sokoban().new_episode(initial).observation()
+
+
+def table(turns: list[tuple[str, str, bool]]) -> pl.DataFrame:
+    """Play rows of (level, action, valid), plus a reflection that must be ignored."""
+    rows = [{"initial_state": name, "phase": "play", "observation": observation(text), "action": action, "valid": valid}
+            for name, (text, action, valid) in ((t[0], t) for t in turns)]
+    rows.append({"initial_state": ROUND, "phase": "reflect", "observation": "", "action": None, "valid": True})
+    return pl.DataFrame(rows)
+
+
+def test_turns_are_scored_against_hand_counted_solutions():
+    assert sokoban_turns.distance(Level.from_text(ROUND)) == 7
+    down_left_left = sokoban_turns.play_turn(observation(ROUND), "down, left, left")
+    assert (down_left_left.before, down_left_left.after, down_left_left.fatal) == (7, 4, False)
+    assert sokoban_turns.play_turn(observation(ROUND), "left").fatal  # the box into the corner
+    assert sokoban_turns.play_turn(observation(ROUND), "right, left, right").moves_gained == -1  # 8 from (1,4)
+    push_off = sokoban_turns.play_turn(observation(PUSH_OFF), "right, right")
+    assert (push_off.after, push_off.moves_gained, push_off.fatal) == (0, 1, False)  # it stops when solved
+    assert not sokoban_turns.play_turn(observation(SOLVED), "left").scored
+
+
+def test_levels_are_paired_and_averaged_by_hand():
+    start = sokoban_turns.per_level(table([
+        (ROUND, "down, left, left", True),   # gains 3, all optimal
+        (ROUND, "left", True),               # fatal
+        (ROUND, "up, up", False),            # invalid: not scored
+        (PUSH_OFF, "right, right", True),    # gains 1, all optimal
+        (SOLVED, "left", True),              # already solved: not scored
+    ]))
+    other = sokoban_turns.per_level(table([
+        (ROUND, "right, left, right", True),  # gains -1
+        (PUSH_OFF, "right", True),
+    ]))
+    by_level = {row["initial_state"]: row for row in start.iter_rows(named=True)}
+    assert set(by_level) == {ROUND, PUSH_OFF}
+    assert (by_level[ROUND]["turns"], by_level[ROUND]["fatal"], by_level[ROUND]["moves_gained"],
+            by_level[ROUND]["all_optimal"]) == (2, 0.5, 3.0, 0.5)
+    expected = {"fatal": (0.25, 0.0, -0.25), "moves_gained": (2.0, 0.0, -2.0), "all_optimal": (0.75, 0.5, -0.25)}
+    for metric, (first, this, difference) in expected.items():
+        pair = sokoban_turns.paired(start, other, metric)
+        assert (pair["first"], pair["this"], pair["difference"], pair["levels"]) == pytest.approx((first, this, difference, 2))
+        low, high = pair["interval"]
+        assert low <= difference <= high
+
+
+def test_the_script_prints_the_paired_table(tmp_path):
+    start, other = tmp_path / "start.parquet", tmp_path / "other.parquet"
+    table([(ROUND, "down, left, left", True), (PUSH_OFF, "right", True)]).write_parquet(start)
+    table([(ROUND, "left", True), (PUSH_OFF, "right", True)]).write_parquet(other)
+    out = run_script("sokoban_turns.py", str(start), str(other))
+    row = next(line for line in out.splitlines() if re.match(rf"\| {re.escape(str(other))} \| fatal \|", line))
+    first, this, difference = (float(x) for x in re.findall(r"[-+]?\d+\.\d+", row)[:3])
+    assert (first, this, difference) == (0.0, 0.5, 0.5)
+
+
+@given(st.text(alphabet="#@$.*+_ \n0123456789ABCDEFBoard:", max_size=120))
+def test_reading_a_board_never_raises(text):
+    level = sokoban_turns.board_seen(text)
+    assert level is None or isinstance(level, Level)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3))
+def test_a_generated_levels_observation_reads_back_as_the_level(seed, boxes):
+    level, optimal_moves = generate_level(seed, num_boxes=boxes)
+    initial = InitialState("sokoban", seed, 0, {"level": level.to_data(), "optimal_moves": optimal_moves})
+    assert sokoban_turns.board_seen(Sokoban().new_episode(initial).observation()) == level
+    assert sokoban_turns.distance(level) == optimal_moves
