@@ -11,13 +11,17 @@ stopping once the level is solved, as the game does), and the turn is scored:
 * **moves gained**: how much shorter the shortest solution became (3 when all three moves
   are optimal; 0 or less for a turn that wanders or undoes), over the turns that are not
   fatal;
-* **all optimal**: the turn's moves are all on a shortest solution (a gain of min(3, distance)).
+* **all optimal**: every move the turn played is on a shortest solution (each one shortened
+  it by a move, so the gain equals the moves played).
 
-Turns from a board that is already solved or already unsolvable are left out. A table is
-summed per level first (its ``initial_state``), so each level counts once. Every table after
-the first is paired with the first by level, as the report pairs success: the mean of the
-per-level differences, with the report's bootstrap interval over levels
-(``mage.stats.group_bootstrap``).
+Turns from a board that is already solved or already unsolvable are left out. (With
+``game.params.end_on_deadlock`` the game also stops at a deadlock; a fatal turn is fatal either
+way, and its gain is not counted.) A table is averaged per level first (its
+``initial_state``), so each level counts once. Every table after the first is paired with the
+first by level, as the report pairs success: the mean of the per-level differences, with the
+report's bootstrap interval over levels (``mage.stats.group_bootstrap``). The first table
+below averages each table over all its levels; the paired one over the levels both tables
+score, so their figures can differ a little.
 
     python benchmarks/sokoban_turns.py START.parquet CHECKPOINT.parquet [...]
 
@@ -30,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +48,8 @@ from mage.games.sokoban.solver import solve
 from mage.stats import group_bootstrap
 
 METRICS = ("fatal", "moves_gained", "all_optimal")
+# A board row as Level.render draws it: its number, right-aligned (so " 9" beside "10"), a space, the cells.
+BOARD_ROW = re.compile(r"\s*\d+ (.*)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +62,7 @@ def distance(level: Level) -> int | None:
 def board_seen(observation: str) -> Level | None:
     """The board of a Sokoban observation (``Board:``, a column header, then rows that start
     with their number); None when the text holds no board."""
-    rows = [line.split(" ", 1)[1] for line in observation.splitlines() if line[:1].isdigit() and " " in line]
+    rows = [match.group(1) for match in map(BOARD_ROW.fullmatch, observation.splitlines()) if match]
     try:
         return Level.from_text("\n".join(rows)) if rows else None
     except ValueError:
@@ -63,34 +71,44 @@ def board_seen(observation: str) -> Level | None:
 
 @dataclass(frozen=True)
 class Turn:
-    before: int | None  # shortest solution from the board the call saw
-    after: int | None   # ... after its moves
+    """One play turn: the shortest solution's length before and after it (None: unsolvable)."""
+
+    before: int | None
+    after: int | None
+    moves_played: int  # until the level was solved, as the game stops there
 
     @property
     def scored(self) -> bool:
+        """Whether the turn could still change anything: its board was solvable, not solved."""
         return self.before is not None and self.before > 0
 
     @property
     def fatal(self) -> bool:
+        """The level became unsolvable (meaningful for a scored turn only)."""
         return self.after is None
 
     @property
     def moves_gained(self) -> int | None:
+        """How much shorter the shortest solution became; None when either end is unsolvable."""
         return None if self.before is None or self.after is None else self.before - self.after
+
+    @property
+    def all_optimal(self) -> bool:
+        """Every move played shortened the solution by one, the most a move can."""
+        return self.moves_played > 0 and self.moves_gained == self.moves_played
 
 
 def play_turn(observation: str, action: str) -> Turn:
     """The solver's distance before and after a turn's moves (comma-separated names)."""
     level = board_seen(observation)
     if level is None:
-        return Turn(None, None)
-    before = distance(level)
-    for move in (name.strip() for name in action.split(",")):
+        return Turn(None, None, 0)
+    before, played = distance(level), 0
+    for move in filter(None, (name.strip() for name in action.split(","))):
         if level.is_solved:
             break
-        if move:
-            level = level.move(move)[0]
-    return Turn(before, distance(level))
+        level, played = level.move(move)[0], played + 1
+    return Turn(before, distance(level), played)
 
 
 def per_level(table: pl.DataFrame) -> pl.DataFrame:
@@ -102,23 +120,37 @@ def per_level(table: pl.DataFrame) -> pl.DataFrame:
         turn = play_turn(observation, action or "")
         if turn.scored:
             gained = turn.moves_gained
-            rows.append((level, float(turn.fatal), None if gained is None else float(gained),
-                         float(gained is not None and gained == min(3, turn.before))))
+            rows.append((level, float(turn.fatal), None if gained is None else float(gained), float(turn.all_optimal)))
     schema = {"initial_state": pl.String, "fatal": pl.Float64, "moves_gained": pl.Float64, "all_optimal": pl.Float64}
     turns = pl.DataFrame(rows, schema=schema, orient="row")
     return turns.group_by("initial_state").agg(pl.len().alias("turns"), *(pl.col(m).mean() for m in METRICS))
 
 
-def paired(start: pl.DataFrame, other: pl.DataFrame, metric: str) -> dict[str, float | int | tuple[float, float] | None]:
-    """``metric`` on the levels both tables score: each table's mean over them, the mean
-    per-level difference (other - start), its 95% interval and how many levels."""
+@dataclass(frozen=True)
+class Paired:
+    """A metric on the levels two tables both score."""
+
+    start: float       # the first table's mean over those levels
+    other: float       # the other table's
+    difference: float  # the mean of the per-level differences, other - start
+    interval: tuple[float, float] | None  # its 95% bootstrap interval over levels
+    levels: int
+
+
+def paired(start: pl.DataFrame, other: pl.DataFrame, metric: str) -> Paired:
+    """``metric`` of two :func:`per_level` tables, paired by level."""
     joined = start.join(other, on="initial_state", suffix="_other").drop_nulls([metric, f"{metric}_other"])
-    first, this = joined[metric].to_numpy(), joined[f"{metric}_other"].to_numpy()
-    if not len(first):
-        return {"first": float("nan"), "this": float("nan"), "difference": float("nan"), "interval": None, "levels": 0}
-    differences = this - first
-    return {"first": float(first.mean()), "this": float(this.mean()), "difference": float(differences.mean()),
-            "interval": group_bootstrap(differences, np.ones(len(differences))), "levels": len(differences)}
+    before, after = joined[metric].to_numpy(), joined[f"{metric}_other"].to_numpy()
+    if not len(before):
+        return Paired(math.nan, math.nan, math.nan, None, 0)
+    differences = after - before
+    return Paired(float(before.mean()), float(after.mean()), float(differences.mean()),
+                  group_bootstrap(differences, np.ones(len(differences))), len(differences))
+
+
+def number(value: float | None) -> str:
+    """A mean as printed; nan for a table without scored turns (polars' mean of nothing is None)."""
+    return f"{math.nan if value is None else value:.3f}"
 
 
 def main() -> None:
@@ -130,18 +162,18 @@ def main() -> None:
     print("| table | levels | scored turns | fatal | moves gained | all optimal |")
     print("|---|---|---|---|---|---|")
     for path, table in zip(args.tables, levels):
-        means = [table[m].mean() for m in METRICS]
-        print(f"| {path} | {len(table)} | {table['turns'].sum()} | " + " | ".join(f"{v:.3f}" for v in means) + " |")
+        means = " | ".join(number(table[m].mean()) for m in METRICS)
+        print(f"| {path} | {len(table)} | {table['turns'].sum()} | {means} |")
     if len(levels) > 1:
         print()
-        print("| table, against the first (paired by level) | metric | first | this | difference [95%] | levels |")
+        print("| table, against the first (paired by level) | metric | first | this | this - first [95%] | levels |")
         print("|---|---|---|---|---|---|")
         for path, table in zip(args.tables[1:], levels[1:]):
             for metric in METRICS:
                 pair = paired(levels[0], table, metric)
-                low, high = pair["interval"] or (float("nan"), float("nan"))
-                print(f"| {path} | {metric} | {pair['first']:.3f} | {pair['this']:.3f} | "
-                      f"{pair['difference']:+.3f} [{low:+.3f}, {high:+.3f}] | {pair['levels']} |")
+                low, high = pair.interval or (math.nan, math.nan)
+                print(f"| {path} | {metric} | {number(pair.start)} | {number(pair.other)} | "
+                      f"{pair.difference:+.3f} [{low:+.3f}, {high:+.3f}] | {pair.levels} |")
 
 
 if __name__ == "__main__":

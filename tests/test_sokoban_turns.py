@@ -9,7 +9,6 @@ the corner beyond, which the game never plays, as it ends the episode when solve
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -54,8 +53,8 @@ def observation(level_text: str) -> str:
 
 def table(turns: list[tuple[str, str, bool]]) -> pl.DataFrame:
     """Play rows of (level, action, valid), plus a reflection that must be ignored."""
-    rows = [{"initial_state": name, "phase": "play", "observation": observation(text), "action": action, "valid": valid}
-            for name, (text, action, valid) in ((t[0], t) for t in turns)]
+    rows = [{"initial_state": text, "phase": "play", "observation": observation(text), "action": action, "valid": valid}
+            for text, action, valid in turns]
     rows.append({"initial_state": ROUND, "phase": "reflect", "observation": "", "action": None, "valid": True})
     return pl.DataFrame(rows)
 
@@ -64,10 +63,14 @@ def test_turns_are_scored_against_hand_counted_solutions():
     assert sokoban_turns.distance(Level.from_text(ROUND)) == 7
     down_left_left = sokoban_turns.play_turn(observation(ROUND), "down, left, left")
     assert (down_left_left.before, down_left_left.after, down_left_left.fatal) == (7, 4, False)
+    assert down_left_left.all_optimal and sokoban_turns.play_turn(observation(ROUND), "down").all_optimal
+    assert not sokoban_turns.play_turn(observation(ROUND), "down, up").all_optimal  # gains 0 in 2 moves
+    assert not sokoban_turns.play_turn(observation(ROUND), "up").all_optimal  # blocked: a move played, none gained
     assert sokoban_turns.play_turn(observation(ROUND), "left").fatal  # the box into the corner
     assert sokoban_turns.play_turn(observation(ROUND), "right, left, right").moves_gained == -1  # 8 from (1,4)
     push_off = sokoban_turns.play_turn(observation(PUSH_OFF), "right, right")
     assert (push_off.after, push_off.moves_gained, push_off.fatal) == (0, 1, False)  # it stops when solved
+    assert push_off.moves_played == 1 and push_off.all_optimal
     assert not sokoban_turns.play_turn(observation(SOLVED), "left").scored
 
 
@@ -87,12 +90,16 @@ def test_levels_are_paired_and_averaged_by_hand():
     assert set(by_level) == {ROUND, PUSH_OFF}
     assert (by_level[ROUND]["turns"], by_level[ROUND]["fatal"], by_level[ROUND]["moves_gained"],
             by_level[ROUND]["all_optimal"]) == (2, 0.5, 3.0, 0.5)
-    expected = {"fatal": (0.25, 0.0, -0.25), "moves_gained": (2.0, 0.0, -2.0), "all_optimal": (0.75, 0.5, -0.25)}
-    for metric, (first, this, difference) in expected.items():
+    # per metric: the start's and the other's means over the two levels, and ROUND's
+    # difference (PUSH_OFF's is 0 in all three)
+    expected = {"fatal": (0.25, 0.0, -0.5), "moves_gained": (2.0, 0.0, -4.0), "all_optimal": (0.75, 0.5, -0.5)}
+    for metric, (before, after, round_difference) in expected.items():
         pair = sokoban_turns.paired(start, other, metric)
-        assert (pair["first"], pair["this"], pair["difference"], pair["levels"]) == pytest.approx((first, this, difference, 2))
-        low, high = pair["interval"]
-        assert low <= difference <= high
+        assert (pair.start, pair.other, pair.difference, pair.levels) == pytest.approx(
+            (before, after, round_difference / 2, 2))
+        # Two levels: a resample's mean is ROUND's difference (both draws ROUND, a chance of
+        # 1/4), PUSH_OFF's 0 (1/4) or their mean, so the 2.5% and 97.5% points are the two.
+        assert pair.interval == pytest.approx((round_difference, 0.0))
 
 
 def test_the_script_prints_the_paired_table(tmp_path):
@@ -100,9 +107,18 @@ def test_the_script_prints_the_paired_table(tmp_path):
     table([(ROUND, "down, left, left", True), (PUSH_OFF, "right", True)]).write_parquet(start)
     table([(ROUND, "left", True), (PUSH_OFF, "right", True)]).write_parquet(other)
     out = run_script("sokoban_turns.py", str(start), str(other))
-    row = next(line for line in out.splitlines() if re.match(rf"\| {re.escape(str(other))} \| fatal \|", line))
-    first, this, difference = (float(x) for x in re.findall(r"[-+]?\d+\.\d+", row)[:3])
-    assert (first, this, difference) == (0.0, 0.5, 0.5)
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("|")]
+    fatal = next(row for row in rows if row[:2] == [str(other), "fatal"])
+    assert (float(fatal[2]), float(fatal[3]), fatal[4].split()[0], fatal[5]) == (0.0, 0.5, "+0.500", "2")
+    summary = next(row for row in rows if row[0] == str(start) and len(row) == 6 and row[1] == "2")
+    assert summary[2:] == ["2", "0.000", "2.000", "1.000"]  # gains 3 and 1, each turn all optimal
+
+
+def test_a_table_without_scored_turns_prints_nan(tmp_path):
+    path = tmp_path / "invalid.parquet"
+    table([(ROUND, "up", False)]).write_parquet(path)
+    rows = [line for line in run_script("sokoban_turns.py", str(path)).splitlines() if line.startswith(f"| {path}")]
+    assert rows == [f"| {path} | 0 | 0 | nan | nan | nan |"]
 
 
 @given(st.text(alphabet="#@$.*+_ \n0123456789ABCDEFBoard:", max_size=120))
@@ -112,9 +128,10 @@ def test_reading_a_board_never_raises(text):
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 3))
-def test_a_generated_levels_observation_reads_back_as_the_level(seed, boxes):
-    level, optimal_moves = generate_level(seed, num_boxes=boxes)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.sampled_from([(6, 6), (11, 7)]))
+def test_a_generated_levels_observation_reads_back_as_the_level(seed, boxes, dim):
+    """Also on a board of 10 rows or more, whose row numbers are drawn right-aligned."""
+    level, optimal_moves = generate_level(seed, dim, num_boxes=boxes)
     initial = InitialState("sokoban", seed, 0, {"level": level.to_data(), "optimal_moves": optimal_moves})
     assert sokoban_turns.board_seen(Sokoban().new_episode(initial).observation()) == level
     assert sokoban_turns.distance(level) == optimal_moves
