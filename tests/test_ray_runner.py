@@ -259,23 +259,31 @@ def test_evaluate_on_ray_gives_the_same_report_through_a_killed_split(ray_cluste
         assert_same_tables(*(pl.read_parquet(tmp_path / name / f"{split}.parquet") for name in ("ray", "thread")))
 
 
+def nothing_played(artifacts: Path) -> bool:
+    """No rollout table and no checkpoint under the run directory: the flow stopped before any work."""
+    runs = artifacts / "runs"
+    return not any(runs.rglob("ckpt-*")) and not any(runs.rglob("*.parquet"))
+
+
+# "At once" is checked by what was done, not by the clock: a loaded machine took 112 s for
+# this test. The timeout turns the failure it guards against, shards that wait for CPUs
+# the cluster will never have, into a failure instead of a hang.
+@pytest.mark.timeout(600)
 def test_more_workers_than_the_cluster_holds_fail_at_once_naming_the_key(ray_cluster, tiny_model_dir, tmp_path):
-    started = time.monotonic()
     with pytest.raises(ClusterError, match=r"^flow\.rollout_shards: 3 rollout workers of 1 CPU each .* has 2"):
         train(overrides(tiny_model_dir, tmp_path, "flow.runner=ray", f"flow.ray.address={ray_cluster}",
                         "flow.rollout_shards=3"))
-    assert time.monotonic() - started < 60
+    assert nothing_played(tmp_path)
 
 
+@pytest.mark.timeout(600)
 def test_a_wrong_address_fails_at_once_naming_the_key(tiny_model_dir, tmp_path):
     from conftest import free_port
 
-    started = time.monotonic()
     with pytest.raises(ClusterError, match=r"^flow\.ray\.address: nothing answers at 127\.0\.0\.1:"):
         train(overrides(tiny_model_dir, tmp_path, "flow.runner=ray", f"flow.ray.address=127.0.0.1:{free_port()}",
                         "flow.ray.connect_timeout_seconds=2"))
-    assert time.monotonic() - started < 30
-    assert not (Path(tmp_path) / "runs").exists() or not any((Path(tmp_path) / "runs").rglob("ckpt-*"))
+    assert nothing_played(tmp_path)
 
 
 @contextlib.contextmanager
@@ -345,18 +353,17 @@ def node_without(hidden: Path) -> Iterator[str]:
         shutil.rmtree(ray_files, ignore_errors=True)
 
 
+@pytest.mark.timeout(600)
 def test_a_node_that_cannot_see_the_shared_root_is_named_before_any_work(tiny_model_dir, tmp_path):
     from flows.ray_cluster import loopback_only
 
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     with loopback_only(), node_without(artifacts) as address:
-        started = time.monotonic()
         seen = re.escape(f"node 127.0.0.1: cannot see {artifacts.resolve()} (paths.artifacts), the shared root")
         with pytest.raises(ClusterError, match=f"^the Ray cluster cannot run this flow: {seen}"):
             train(overrides(tiny_model_dir, artifacts, "flow.runner=ray", f"flow.ray.address={address}"))
-        assert time.monotonic() - started < 60
-    assert not any((artifacts / "runs").rglob("ckpt-*")) and not any((artifacts / "runs").rglob("*.parquet"))
+    assert nothing_played(artifacts)
 
 
 def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, tmp_path, on_one_machine):
