@@ -1,7 +1,7 @@
 """How well does a Sokoban policy play its turns? A dense reading of evaluation tables.
 
-Success on 2-box levels is a rare, all-or-nothing outcome: at the tiny model's 24%, telling a
-change of 0.02 from noise takes about 1024 levels. Every valid play turn of an evaluation table
+Success on 2-box levels is a rare, all-or-nothing outcome: at the tiny model's 24%, even 1024
+levels resolve a change only to about ±0.03. Every valid play turn of an evaluation table
 says more. For each one, the board the call saw (its ``observation``) is solved optimally
 (``mage.games.sokoban.solver.solve``, a BFS) before and after the turn's moves (its ``action``,
 stopping once the level is solved, as the game does), and the turn is scored:
