@@ -17,10 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mage.games.base import InitialState
-from mage.games.sokoban.game import Sokoban
 from mage.games.sokoban.generator import generate_level
 from mage.games.sokoban.level import Level
+from test_sokoban import episode_for
 from test_sokoban_benchmarks import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -46,9 +45,7 @@ SOLVED = """
 
 def observation(level_text: str) -> str:
     """What the rollout engine records as the call's observation, from the game itself."""
-    level = Level.from_text(level_text)
-    initial = InitialState("sokoban", 0, 0, {"level": level.to_data(), "optimal_moves": -1})
-    return Sokoban().new_episode(initial).observation()
+    return episode_for(Level.from_text(level_text)).observation()
 
 
 def table(turns: list[tuple[str, str, bool]]) -> pl.DataFrame:
@@ -132,6 +129,5 @@ def test_reading_a_board_never_raises(text):
 def test_a_generated_levels_observation_reads_back_as_the_level(seed, boxes, dim):
     """Also on a board of 10 rows or more, whose row numbers are drawn right-aligned."""
     level, optimal_moves = generate_level(seed, dim, num_boxes=boxes)
-    initial = InitialState("sokoban", seed, 0, {"level": level.to_data(), "optimal_moves": optimal_moves})
-    assert sokoban_turns.board_seen(Sokoban().new_episode(initial).observation()) == level
+    assert sokoban_turns.board_seen(episode_for(level).observation()) == level
     assert sokoban_turns.distance(level) == optimal_moves
