@@ -23,7 +23,13 @@ from mage import io
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from mage.train.loop import RunPaths
-from tasks.evaluation import default_evaluation_dir, evaluate_checkpoint, write_report
+from tasks.evaluation import (
+    default_evaluation_dir,
+    evaluate_checkpoint,
+    recorded_checkpoint,
+    recorded_policy,
+    write_report,
+)
 from tasks.model import prepare_model
 from tasks.population import seed_population
 from tasks.refs import FileRef
@@ -155,12 +161,24 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
     tables = tables_in(source)
     if not tables:
         raise FileNotFoundError(f"no evaluation table (train.parquet, held_out.parquet) in {source}")
-    start = tables_in(Path(start_dir) if start_dir else default_evaluation_dir(settings, None))
+    recorded = recorded_policy(tables)
+    if recorded is not None:  # the policy that played the tables, not the run's final checkpoint
+        ref = recorded_checkpoint(recorded)
+    elif evaluation_dir:
+        logger().warning(f"{source}: its tables do not record which policy played them (written before that was "
+                         f"recorded); the report names the run's final checkpoint, {ref.path if ref else 'none'}")
+    start_source = Path(start_dir) if start_dir else default_evaluation_dir(settings, None)
+    start = tables_in(start_source)
     if start_dir and set(start) != set(tables):
         raise FileNotFoundError(f"{start_dir} holds the starting policy's {sorted(start) or 'no'} tables, "
                                 f"the report needs {sorted(tables)}")
     if ref is None or set(start) != set(tables):
         start = {}
+    start_recorded = recorded_policy(start) if start else None
+    if recorded and start_recorded and recorded["sampling"] != start_recorded["sampling"]:
+        raise ValueError(f"{start_source} was played with sampling {start_recorded['sampling']}, {source} with "
+                         f"{recorded['sampling']}: a gain paired by initial state compares two policies at one "
+                         "sampling; evaluate both with the same eval.sampling")
     target = Path(out_dir) if out_dir else Path(settings.paths.report)
     written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start)
     # the headline numbers where git (and so `dvc exp show`) tracks them: the latest report's

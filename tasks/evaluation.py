@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,52 @@ def default_evaluation_dir(settings: Settings, checkpoint: FileRef | None) -> Pa
     return Path(settings.paths.evaluations) / settings.run_name / Path(checkpoint.path).name
 
 
+def sampling_of(settings: Settings) -> dict[str, Any]:
+    """The evaluation's sampling, as reports show it."""
+    return {k: getattr(settings.eval.sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
+
+
+RECORD_KEYS = frozenset({"checkpoint", "checkpoint_sha256", "iteration", "sampling"})
+
+
+def policy_record(settings: Settings, checkpoint: FileRef | None, iteration: int) -> dict[str, Any]:
+    """What played an evaluation table, kept beside it in ``{split}-metrics.json``: a report
+    made later from the table alone (``python -m flows report --evaluation-dir``) names this
+    policy and sampling, not whatever the run's configuration says at that time."""
+    return {"checkpoint": checkpoint.path if checkpoint is not None else None,
+            "checkpoint_sha256": checkpoint.sha256 if checkpoint is not None else None,
+            "iteration": iteration, "sampling": sampling_of(settings)}
+
+
+def recorded_policy(tables: Mapping[str, FileRef]) -> dict[str, Any] | None:
+    """The policy that played ``tables``, from the ``{split}-metrics.json`` beside each; None
+    when any table lacks a whole one (written before it was recorded, or damaged). Tables of different policies
+    or sampling are rejected: one report cannot be about both."""
+    records = {}
+    for split, table in tables.items():
+        path = Path(table.path).parent / f"{split}-metrics.json"
+        try:
+            record = io.read_json(path).get("policy") if path.is_file() else None
+        except (io.CorruptFileError, AttributeError):
+            record = None
+        if not (isinstance(record, dict) and RECORD_KEYS <= record.keys() and isinstance(record["sampling"], dict)
+                and isinstance(record["iteration"], int)):
+            return None
+        records[path] = record
+    distinct = {repr(sorted(record.items())) for record in records.values()}
+    if len(distinct) > 1:
+        raise ValueError("the evaluation tables were played by different policies or sampling, one report cannot "
+                         "be about all of them: " + "; ".join(f"{path}: {record}" for path, record in records.items()))
+    return next(iter(records.values()), None)
+
+
+def recorded_checkpoint(record: Mapping[str, Any]) -> FileRef | None:
+    """The checkpoint a :func:`policy_record` names (not checked against the disk: it only labels)."""
+    if record.get("checkpoint") is None:
+        return None
+    return FileRef(path=str(record["checkpoint"]), sha256=str(record["checkpoint_sha256"]), kind="checkpoint")
+
+
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{split}",
       cache_policy=ArtifactCachePolicy(sections=("eval", "engine", "game", "population", "model", "run", "paths.evaluations")),
       **TASK_DEFAULTS)
@@ -40,7 +87,8 @@ def evaluate_checkpoint(
     table_ref = FileRef.of(write_trajectories(table, directory / f"{split}.parquet"))
     per_episode = rollout_metrics(table)
     final = final_episode_metrics(table)
-    metrics = {"per_episode": per_episode.to_dicts(), "final": final.to_dicts()}
+    metrics = {"policy": policy_record(settings, checkpoint, loaded.iteration if loaded is not None else 0),
+               "per_episode": per_episode.to_dicts(), "final": final.to_dicts()}
     metrics_ref = FileRef.of(io.write_json(directory / f"{split}-metrics.json", metrics))
     return {"table": table_ref, "metrics": metrics_ref, "final": final.to_dicts()}
 
@@ -68,15 +116,26 @@ def write_report(
     from mage.report import write_report as write
 
     settings = Settings.from_config(config)
+    # What the tables say played them, where they say it; else what the caller names
+    recorded = recorded_policy(tables)
+    if recorded is not None:
+        checkpoint, iteration, sampling = recorded_checkpoint(recorded), recorded["iteration"], recorded["sampling"]
+    else:
+        iteration = ckpt.Checkpoint.at(checkpoint.path).iteration if checkpoint is not None else 0
+        sampling = sampling_of(settings)
     about = {
         "checkpoint": checkpoint.path if checkpoint is not None else f"the starting policy {start_policy(settings)}",
         "checkpoint_sha256": checkpoint.sha256 if checkpoint is not None else None,
-        "iteration": ckpt.Checkpoint.at(checkpoint.path).iteration if checkpoint is not None else 0,
+        "iteration": iteration,
         "run": settings.run_name,
         "started_from": start_policy(settings),
         "game": settings.game.name,
-        "sampling": {k: getattr(settings.eval.sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")},
+        "sampling": sampling,
     }
+    start_recorded = recorded_policy(start_tables) if start_tables else None
+    if start_recorded is not None and start_recorded["checkpoint"] is not None:
+        # a checkpoint's tables given as the start (``--start-dir``): the gains are over it
+        about["compared_with"] = start_recorded["checkpoint"]
     start = {split: read_trajectories(ref.resolve()) for split, ref in (start_tables or {}).items()}
     report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
                           load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,

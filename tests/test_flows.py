@@ -204,6 +204,51 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
         assert pl.read_parquet(table)["meta_id"].n_unique() == 6
     assert (larger / "report.md").is_file()
 
+    # A report made later from tables alone names the checkpoint that played them, not the run's
+    # final one (ckpt-00002): its path, its content hash and its iteration, as the tables' rows say.
+    first = RunPaths.of(settings).checkpoints / "ckpt-00001"
+    earlier, earlier_report = tmp_path / "eval-ckpt1", tmp_path / "report-ckpt1"
+    assert cli.main(["evaluate", *args, "--checkpoint", str(first), "--split", "all", "--no-report",
+                     "--out-dir", str(earlier)]) == 0
+    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--out-dir", str(earlier_report)]) == 0
+    about = json.loads((earlier_report / "report.json").read_text())["about"]
+    assert about["checkpoint"] == str(first) and about["checkpoint_sha256"] == ckpt.content_hash(first)
+    assert about["iteration"] == 1 == pl.read_parquet(earlier / "train.parquet")["iteration"].unique().item()
+    assert "train/gain_over_start" in json.loads((earlier_report / "metrics.json").read_text())
+    assert "compared_with" not in about
+    # the final checkpoint's tables as the start: the report says what its gains are over
+    final_tables = Path(result["files"]["report"].path).parent
+    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(final_tables),
+                     "--out-dir", str(tmp_path / "report-1-over-2")]) == 0
+    about = json.loads((tmp_path / "report-1-over-2" / "report.json").read_text())["about"]
+    assert about["compared_with"] == str(RunPaths.of(settings).checkpoints / "ckpt-00002")
+    # the sampling is the tables', not the configuration's at report time
+    hotter = cli.main(["report", *args, "eval.sampling.temperature=1.3", "--evaluation-dir", str(earlier),
+                       "--out-dir", str(tmp_path / "report-hotter")])
+    assert hotter == 0
+    assert json.loads((tmp_path / "report-hotter" / "report.json").read_text())["about"]["sampling"]["temperature"] == 0.7
+    # a start played at other sampling cannot be paired with it, and one split of another policy
+    # cannot be reported with these
+    hot_start = tmp_path / "start-hot"
+    assert cli.main(["evaluate", *args, "eval.sampling.temperature=1.3", "--start", "--split", "all", "--no-report",
+                     "--out-dir", str(hot_start)]) == 0
+    from flows.evaluate import report as report_flow
+
+    with pytest.raises(ValueError, match="sampling"):
+        report_flow(args, evaluation_dir=str(earlier), start_dir=str(hot_start), out_dir=str(tmp_path / "no"))
+    shutil.copy(hot_start / "held_out-metrics.json", earlier / "held_out-metrics.json")
+    with pytest.raises(ValueError, match="different policies"):
+        report_flow(args, evaluation_dir=str(earlier), out_dir=str(tmp_path / "no"))
+    assert not (tmp_path / "no").exists()
+    # tables written before the policy was recorded: the run's final checkpoint names them, as before
+    for split in ("train", "held_out"):
+        metrics = json.loads((earlier / f"{split}-metrics.json").read_text())
+        del metrics["policy"]
+        (earlier / f"{split}-metrics.json").write_text(json.dumps(metrics))
+    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--out-dir", str(earlier_report)]) == 0
+    about = json.loads((earlier_report / "report.json").read_text())["about"]
+    assert about["checkpoint"].endswith("ckpt-00002") and about["iteration"] == 2
+
     # A newer run of another name: the nightly evaluation still takes the configured run, or
     # the one it is given, never merely the newest checkpoint on disk.
     other = [*args, "run.name=other", "train.iterations=1"]
