@@ -41,6 +41,15 @@ def policy_record(settings: Settings, checkpoint: FileRef | None, iteration: int
             "iteration": iteration, "sampling": sampling_of(settings)}
 
 
+def is_policy_record(value: Any) -> bool:
+    """Whether ``value`` (read from a file) is a whole :func:`policy_record`."""
+    if not (isinstance(value, dict) and RECORD_KEYS <= value.keys()):
+        return False
+    named = value["checkpoint"], value["checkpoint_sha256"]
+    return (all(isinstance(v, str) for v in named) or named == (None, None)) \
+        and isinstance(value["sampling"], dict) and type(value["iteration"]) is int and value["iteration"] >= 0
+
+
 def recorded_policy(tables: Mapping[str, FileRef]) -> dict[str, Any] | None:
     """The policy that played ``tables``, from the ``{split}-metrics.json`` beside each; None
     when any table lacks a whole one (written before it was recorded, or damaged). Tables of different policies
@@ -52,8 +61,7 @@ def recorded_policy(tables: Mapping[str, FileRef]) -> dict[str, Any] | None:
             record = io.read_json(path).get("policy") if path.is_file() else None
         except (io.CorruptFileError, AttributeError):
             record = None
-        if not (isinstance(record, dict) and RECORD_KEYS <= record.keys() and isinstance(record["sampling"], dict)
-                and isinstance(record["iteration"], int)):
+        if not is_policy_record(record):
             return None
         records[path] = record
     distinct = {repr(sorted(record.items())) for record in records.values()}

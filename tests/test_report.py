@@ -247,3 +247,60 @@ def test_report_intervals_follow_from_the_groups_not_from_the_row_order(order):
     assert pooled["return_gain_ci"] == list(group_bootstrap([f + 5 for f in finals], np.ones(12)))
     wins = [float(f > 0) for f in finals]
     assert pooled["win_rate_gain_ci"] == list(group_bootstrap(wins, np.ones(12)))
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+RECORD_PARTS = st.fixed_dictionaries({
+    "checkpoint": st.none() | st.text(max_size=8) | st.integers(), "checkpoint_sha256": st.none() | st.text(max_size=8),
+    "iteration": st.integers(-2, 5) | st.booleans() | st.none(), "sampling": JSON,
+})
+
+
+@settings(max_examples=200, deadline=None)
+@given(content=st.one_of(JSON, st.fixed_dictionaries({"policy": RECORD_PARTS | JSON}), st.binary(max_size=16)))
+def test_a_tables_policy_record_is_read_whole_or_not_at_all(tmp_path_factory, content):
+    """``{split}-metrics.json`` is read back from disk: whatever it holds, the reader returns a
+    whole record (the report can name the policy from it) or None, and never raises."""
+    from tasks.evaluation import RECORD_KEYS, recorded_checkpoint, recorded_policy
+    from tasks.refs import FileRef
+
+    directory = tmp_path_factory.mktemp("tables")
+    (directory / "train.parquet").write_bytes(b"")
+    metrics = directory / "train-metrics.json"
+    metrics.write_bytes(content) if isinstance(content, bytes) else metrics.write_text(json.dumps(content))
+    record = recorded_policy({"train": FileRef(path=str(directory / "train.parquet"), sha256="0")})
+    policy = content.get("policy") if isinstance(content, dict) else None
+    whole = isinstance(policy, dict) and isinstance(policy.get("sampling"), dict) \
+        and type(policy.get("iteration")) is int and policy["iteration"] >= 0 \
+        and ((isinstance(policy.get("checkpoint"), str) and isinstance(policy.get("checkpoint_sha256"), str))
+             or ({"checkpoint", "checkpoint_sha256"} <= policy.keys() and policy["checkpoint"] is None
+                 and policy["checkpoint_sha256"] is None))
+    assert (record is not None) == whole
+    if record is None:
+        return
+    assert RECORD_KEYS <= record.keys() and isinstance(record["sampling"], dict)
+    assert type(record["iteration"]) is int and record["iteration"] >= 0
+    checkpoint = recorded_checkpoint(record)
+    assert checkpoint is None or (checkpoint.path == record["checkpoint"]
+                                  and checkpoint.sha256 == record["checkpoint_sha256"])
+    assert record == policy
+
+
+def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp_path):
+    from tasks.evaluation import recorded_policy
+    from tasks.refs import FileRef
+
+    sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 64}
+    records = {"train": {"checkpoint": "c/ckpt-00001", "checkpoint_sha256": "ab", "iteration": 1, "sampling": sampling},
+               "held_out": {"checkpoint": None, "checkpoint_sha256": None, "iteration": 0, "sampling": sampling}}
+    refs = {split: FileRef(path=str(tmp_path / f"{split}.parquet"), sha256="0") for split in records}
+    for split, record in records.items():
+        (tmp_path / f"{split}-metrics.json").write_text(json.dumps({"policy": record, "final": []}))
+    assert recorded_policy({"train": refs["train"]}) == records["train"]
+    assert recorded_policy({"held_out": refs["held_out"]}) == records["held_out"]
+    with pytest.raises(ValueError, match="different policies"):
+        recorded_policy(refs)
+    (tmp_path / "held_out-metrics.json").write_text(json.dumps({"final": []}))
+    assert recorded_policy(refs) is None  # one table without a record: none for the directory
