@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             or args.start_dir:
         parser.error("--checkpoint, --start, --split, --out-dir, --evaluation-dir, --start-dir and --no-report "
                      "belong to evaluate or report")
-    from mage.io import CorruptFileError, RunLockedError
+    from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError
     from mage.settings import SettingsError, load_settings
 
     try:  # a wrong key fails here, before a Prefect server or any work is started
@@ -94,11 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     from flows.server import PrefectAPIError, prefect_api
 
     if not args.debug:
-        quiet_tracebacks_of((CorruptFileError, RunLockedError))
+        quiet_tracebacks_of((CorruptFileError, IncompatibleFilesError, RunLockedError))
     try:
         with prefect_api(settings.flow.api_timeout_seconds, settings.flow.server_start_timeout_seconds):
             load(args.flow)(**kwargs)
-    except (CorruptFileError, RunLockedError, PrefectAPIError) as error:  # what the user fixes, not a bug: one line
+    # what the user fixes, not a bug: one line
+    except (CorruptFileError, IncompatibleFilesError, RunLockedError, PrefectAPIError) as error:
         if args.debug:
             raise
         print(f"error: {error}", file=sys.stderr)

@@ -28,6 +28,7 @@ from tasks.evaluation import (
     evaluate_checkpoint,
     recorded_checkpoint,
     recorded_policy,
+    same_sampling,
     write_report,
 )
 from tasks.model import prepare_model
@@ -94,15 +95,17 @@ def tables_in(directory: Path) -> dict[str, FileRef]:
 
 
 def report_on(settings: Settings, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: Path,
-              title: str, start_tables: dict[str, FileRef] | None = None) -> dict[str, Any]:
-    """Write the report of evaluation ``tables`` (beside the starting policy's ``start_tables``)
-    into ``out_dir``; publish it as a Markdown artifact."""
+              title: str, start_tables: dict[str, FileRef] | None = None, policy: dict[str, Any] | None = None,
+              compared_with: str | None = None) -> dict[str, Any]:
+    """Write the report of evaluation ``tables`` (beside the starting policy's ``start_tables``;
+    ``policy`` and ``compared_with`` as in :func:`tasks.evaluation.write_report`) into
+    ``out_dir``; publish it as a Markdown artifact."""
     config, flow_cfg = settings.raw, settings.flow
     manifest = configured(seed_population, flow_cfg)(config)
     history = RunPaths.of(settings).metrics
     report = configured(write_report, flow_cfg)(
         config, manifest, tables, checkpoint, str(out_dir), FileRef.of(history) if history.is_file() else None,
-        start_tables or None,
+        start_tables or None, policy, compared_with,
     )
     markdown = report["files"]["markdown"].resolve().read_text()
     publish_markdown(title, markdown, f"Evaluation report ({', '.join(tables)}) of "
@@ -156,7 +159,7 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
     ``paths.report``): JSON, metrics, Markdown and plots (gains over the start, success by
     episode, learning curves)."""
     settings = settings_for(overrides, config_file)
-    ref = checkpoint_ref(settings, None)
+    ref = None if evaluation_dir else checkpoint_ref(settings, None)
     source = Path(evaluation_dir) if evaluation_dir else default_evaluation_dir(settings, ref)
     tables = tables_in(source)
     if not tables:
@@ -165,8 +168,10 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
     if recorded is not None:  # the policy that played the tables, not the run's final checkpoint
         ref = recorded_checkpoint(recorded)
     elif evaluation_dir:
-        logger().warning(f"{source}: its tables do not record which policy played them (written before that was "
-                         f"recorded); the report names the run's final checkpoint, {ref.path if ref else 'none'}")
+        ref = checkpoint_ref(settings, None)
+        logger().warning(f"{source}: its tables record no policy (written before tables recorded it, or the record "
+                         f"is damaged); the report names the run's final checkpoint, {ref.path if ref else 'none'}, "
+                         "and the configured sampling")
     start_source = Path(start_dir) if start_dir else default_evaluation_dir(settings, None)
     start = tables_in(start_source)
     if start_dir and set(start) != set(tables):
@@ -175,14 +180,23 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
     if ref is None or set(start) != set(tables):
         start = {}
     start_recorded = recorded_policy(start) if start else None
-    if recorded and start_recorded and recorded["sampling"] != start_recorded["sampling"]:
-        raise ValueError(f"{start_source} was played with sampling {start_recorded['sampling']}, {source} with "
-                         f"{recorded['sampling']}: a gain paired by initial state compares two policies at one "
-                         "sampling; evaluate both with the same eval.sampling")
+    if start and (recorded is None) != (start_recorded is None):
+        logger().warning(f"{source if recorded is None else start_source}: its tables record no policy, so the "
+                         "report cannot check that both sides were played at the same sampling")
+    if recorded and start_recorded and not same_sampling(recorded, start_recorded):
+        raise io.IncompatibleFilesError(
+            f"{start_source} was played at sampling {start_recorded['sampling']}, {source} at {recorded['sampling']}: "
+            "a gain paired by initial state compares two policies at one sampling; evaluate both with the same "
+            "eval.sampling")
+    compared_with = start_recorded["checkpoint"] if start_recorded else None
     target = Path(out_dir) if out_dir else Path(settings.paths.report)
-    written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start)
-    # the headline numbers where git (and so `dvc exp show`) tracks them: the latest report's
-    io.write_json(settings.paths.metrics, written["metrics"])
+    written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start, recorded, compared_with)
+    if compared_with is None:
+        # the headline numbers where git (and so `dvc exp show`) tracks them: the latest report's
+        io.write_json(settings.paths.metrics, written["metrics"])
+    else:
+        logger().info(f"{settings.paths.metrics} is left as it was: this report's gains are over {compared_with}, "
+                      "not over the starting policy")
     return written
 
 

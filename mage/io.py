@@ -142,6 +142,11 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     return removed
 
 
+class IncompatibleFilesError(ValueError):
+    """Files that are each whole but cannot be used together (evaluation tables of two
+    policies in one report, say). The message names them and what to do."""
+
+
 class RunLockedError(RuntimeError):
     """Another process holds the run's lock."""
 

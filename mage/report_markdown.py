@@ -34,10 +34,10 @@ def _table(heading: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) 
     return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
 
 
-def _gains(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def _gains(split: str, rows: Sequence[Mapping[str, Any]], start: str) -> list[str]:
     columns = ("opponent", "pairs", "final win: start", "final win: now", "gain [95% CI]", "win or draw: start",
                "win or draw: now", "gain [95% CI]", "final return: gain [95% CI]", "invalid: start -> now")
-    return _table(f"{split} opponents: did it learn? (start -> evaluated, paired by initial state)", columns, (
+    return _table(f"{split} opponents: did it learn? ({start} -> evaluated, paired by initial state)", columns, (
         (r["opponent"], fmt(r["pairs"]), fmt(r["final_win_rate_start"]), fmt(r["final_win_rate"]),
          with_ci(r["final_win_rate_gain"], r["final_win_rate_gain_ci"], signed=True),
          fmt(r["final_win_or_draw_rate_start"]), fmt(r["final_win_or_draw_rate"]),
@@ -74,12 +74,15 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     """Per split: the gains over the starting policy (when it was evaluated), the evaluated
     policy per opponent, the starting policy per opponent, then the per-episode table."""
     lines = _about(report["about"])
+    # a checkpoint's tables may stand in for the starting policy's (``compared_with``)
+    compared_with = report["about"].get("compared_with")
+    start = f"start: {compared_with}" if compared_with else "start"
     for split, body in report["splits"].items():
         if "gains" in body:
-            lines += _gains(split, body["gains"])
+            lines += _gains(split, body["gains"], start)
         lines += _opponents(split, body["opponents"], "the evaluated policy")
         if "start" in body:
-            lines += _opponents(split, body["start"]["opponents"], "the starting policy")
+            lines += _opponents(split, body["start"]["opponents"], compared_with or "the starting policy")
         lines += _episodes(split, body["episodes"])
     lines += ["", "Intervals are 95%: Wilson for rates, a bootstrap over initial states for returns and gains. "
               "Ceilings are of the initial states played: the first episode's is the best single-episode win "

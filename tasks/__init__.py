@@ -17,7 +17,9 @@ train_iteration        the new checkpoint and its metrics     model, algo, train
 evaluate_checkpoint    evaluation table and metrics           eval, engine, game, population,
                                                               model; checkpoint; split
 write_report           the report (JSON, Markdown, plots)     run, eval, game, model; tables,
-                                                              manifest, metrics history
+                                                              manifest, metrics history,
+                                                              checkpoint, start tables, the
+                                                              tables' policy record, out dir
 =====================  =====================================  ==============================
 
 Modules: ``tasks.population``, ``tasks.model``, ``tasks.training`` and ``tasks.evaluation``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,11 @@ def default_evaluation_dir(settings: Settings, checkpoint: FileRef | None) -> Pa
 
 
 def sampling_of(settings: Settings) -> dict[str, Any]:
-    """The evaluation's sampling, as reports show it."""
-    return {k: getattr(settings.eval.sampling, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens")}
+    """The evaluation's sampling, every field, as reports show it and tables record it."""
+    sampling = settings.eval.sampling
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "max_new_tokens": sampling.max_new_tokens, "stop": list(sampling.stop) if sampling.stop is not None else None,
+            "seed": sampling.seed}
 
 
 RECORD_KEYS = frozenset({"checkpoint", "checkpoint_sha256", "iteration", "sampling"})
@@ -35,7 +39,7 @@ RECORD_KEYS = frozenset({"checkpoint", "checkpoint_sha256", "iteration", "sampli
 def policy_record(settings: Settings, checkpoint: FileRef | None, iteration: int) -> dict[str, Any]:
     """What played an evaluation table, kept beside it in ``{split}-metrics.json``: a report
     made later from the table alone (``python -m flows report --evaluation-dir``) names this
-    policy and sampling, not whatever the run's configuration says at that time."""
+    checkpoint and sampling, not the run's final checkpoint or the sampling configured then."""
     return {"checkpoint": checkpoint.path if checkpoint is not None else None,
             "checkpoint_sha256": checkpoint.sha256 if checkpoint is not None else None,
             "iteration": iteration, "sampling": sampling_of(settings)}
@@ -46,36 +50,51 @@ def is_policy_record(value: Any) -> bool:
     if not (isinstance(value, dict) and RECORD_KEYS <= value.keys()):
         return False
     named = value["checkpoint"], value["checkpoint_sha256"]
-    return (all(isinstance(v, str) for v in named) or named == (None, None)) \
-        and isinstance(value["sampling"], dict) and type(value["iteration"]) is int and value["iteration"] >= 0
+    sampling = value["sampling"]
+    return (all(isinstance(v, str) and v for v in named) or named == (None, None)) \
+        and type(value["iteration"]) is int and value["iteration"] >= 0 and isinstance(sampling, dict) \
+        and all(v is None or isinstance(v, (bool, int, float, str))
+                or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in sampling.values())
+
+
+def same_policy(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two records name one policy at one sampling: by content hash, not path (one
+    checkpoint may be named ``./artifacts/...`` in one record and absolutely in another)."""
+    return (a["checkpoint_sha256"], a["iteration"]) == (b["checkpoint_sha256"], b["iteration"]) \
+        and same_sampling(a, b)
+
+
+def same_sampling(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return json.dumps(a["sampling"], sort_keys=True) == json.dumps(b["sampling"], sort_keys=True)
 
 
 def recorded_policy(tables: Mapping[str, FileRef]) -> dict[str, Any] | None:
     """The policy that played ``tables``, from the ``{split}-metrics.json`` beside each; None
-    when any table lacks a whole one (written before it was recorded, or damaged). Tables of different policies
-    or sampling are rejected: one report cannot be about both."""
+    when any table lacks a whole record (written before tables recorded it, or damaged).
+    Tables of different policies or sampling are refused: one report cannot be about both."""
     records = {}
     for split, table in tables.items():
         path = Path(table.path).parent / f"{split}-metrics.json"
-        try:
+        try:  # whatever the file holds: a record, or none
             record = io.read_json(path).get("policy") if path.is_file() else None
-        except (io.CorruptFileError, AttributeError):
+        except (ValueError, RecursionError, OSError, AttributeError):  # CorruptFileError is a ValueError
             record = None
         if not is_policy_record(record):
             return None
         records[path] = record
-    distinct = {repr(sorted(record.items())) for record in records.values()}
-    if len(distinct) > 1:
-        raise ValueError("the evaluation tables were played by different policies or sampling, one report cannot "
-                         "be about all of them: " + "; ".join(f"{path}: {record}" for path, record in records.items()))
-    return next(iter(records.values()), None)
+    first = next(iter(records.values()), None)
+    if any(not same_policy(first, record) for record in records.values()):
+        raise io.IncompatibleFilesError(
+            "these evaluation tables were played by different policies or at different sampling, and one report "
+            "cannot be about all of them: " + "; ".join(f"{path}: {record}" for path, record in records.items()))
+    return first
 
 
 def recorded_checkpoint(record: Mapping[str, Any]) -> FileRef | None:
     """The checkpoint a :func:`policy_record` names (not checked against the disk: it only labels)."""
-    if record.get("checkpoint") is None:
+    if record["checkpoint"] is None:
         return None
-    return FileRef(path=str(record["checkpoint"]), sha256=str(record["checkpoint_sha256"]), kind="checkpoint")
+    return FileRef(path=record["checkpoint"], sha256=record["checkpoint_sha256"], kind="checkpoint")
 
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{split}",
@@ -115,19 +134,21 @@ def start_policy(settings: Settings) -> str:
 def write_report(
     config: dict[str, Any], manifest: FileRef, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: str,
     history: FileRef | None = None, start_tables: dict[str, FileRef] | None = None,
+    policy: dict[str, Any] | None = None, compared_with: str | None = None,
 ) -> dict[str, Any]:
     """The report of one checkpoint (None: the starting policy) beside the starting policy
-    evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in ``out_dir``."""
+    evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in
+    ``out_dir``. ``policy``: the tables' own record (:func:`recorded_policy`), which names the
+    checkpoint, its iteration and the sampling; ``compared_with``: the checkpoint whose tables
+    stand in ``start_tables`` instead of the starting policy's."""
     from mage.population import load_manifest
     from mage.train.loop import METRICS_REMEDY
     from mage.report import build_report, headline_metrics
     from mage.report import write_report as write
 
     settings = Settings.from_config(config)
-    # What the tables say played them, where they say it; else what the caller names
-    recorded = recorded_policy(tables)
-    if recorded is not None:
-        checkpoint, iteration, sampling = recorded_checkpoint(recorded), recorded["iteration"], recorded["sampling"]
+    if policy is not None:
+        checkpoint, iteration, sampling = recorded_checkpoint(policy), policy["iteration"], policy["sampling"]
     else:
         iteration = ckpt.Checkpoint.at(checkpoint.path).iteration if checkpoint is not None else 0
         sampling = sampling_of(settings)
@@ -140,10 +161,8 @@ def write_report(
         "game": settings.game.name,
         "sampling": sampling,
     }
-    start_recorded = recorded_policy(start_tables) if start_tables else None
-    if start_recorded is not None and start_recorded["checkpoint"] is not None:
-        # a checkpoint's tables given as the start (``--start-dir``): the gains are over it
-        about["compared_with"] = start_recorded["checkpoint"]
+    if compared_with is not None:
+        about["compared_with"] = compared_with
     start = {split: read_trajectories(ref.resolve()) for split, ref in (start_tables or {}).items()}
     report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
                           load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,

@@ -178,7 +178,7 @@ def test_shards_fan_out_through_a_process_pool(tiny_model_dir, tmp_path):
     assert sorted(table["group_id"].unique().to_list()) == [0, 1, 2, 3]  # every group, from both shards
 
 
-def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path):
+def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path, capsys):
     args = overrides(tiny_model_dir, tmp_path)
     train(args)
     result = evaluate(args, split="all")
@@ -216,12 +216,17 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     assert about["iteration"] == 1 == pl.read_parquet(earlier / "train.parquet")["iteration"].unique().item()
     assert "train/gain_over_start" in json.loads((earlier_report / "metrics.json").read_text())
     assert "compared_with" not in about
-    # the final checkpoint's tables as the start: the report says what its gains are over
+    # the final checkpoint's tables as the start: the report says what its gains are over, and
+    # leaves the git-tracked headline numbers (gains over the starting policy) as they were
     final_tables = Path(result["files"]["report"].path).parent
+    headline = Path(settings.paths.metrics).read_bytes()
     assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(final_tables),
                      "--out-dir", str(tmp_path / "report-1-over-2")]) == 0
     about = json.loads((tmp_path / "report-1-over-2" / "report.json").read_text())["about"]
-    assert about["compared_with"] == str(RunPaths.of(settings).checkpoints / "ckpt-00002")
+    final_checkpoint = str(RunPaths.of(settings).checkpoints / "ckpt-00002")
+    assert about["compared_with"] == final_checkpoint
+    assert f"(start: {final_checkpoint} -> evaluated" in (tmp_path / "report-1-over-2" / "report.md").read_text()
+    assert Path(settings.paths.metrics).read_bytes() == headline
     # the sampling is the tables', not the configuration's at report time
     hotter = cli.main(["report", *args, "eval.sampling.temperature=1.3", "--evaluation-dir", str(earlier),
                        "--out-dir", str(tmp_path / "report-hotter")])
@@ -232,13 +237,12 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path)
     hot_start = tmp_path / "start-hot"
     assert cli.main(["evaluate", *args, "eval.sampling.temperature=1.3", "--start", "--split", "all", "--no-report",
                      "--out-dir", str(hot_start)]) == 0
-    from flows.evaluate import report as report_flow
-
-    with pytest.raises(ValueError, match="sampling"):
-        report_flow(args, evaluation_dir=str(earlier), start_dir=str(hot_start), out_dir=str(tmp_path / "no"))
+    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(hot_start),
+                     "--out-dir", str(tmp_path / "no")]) == 2
+    assert "was played at sampling" in capsys.readouterr().err
     shutil.copy(hot_start / "held_out-metrics.json", earlier / "held_out-metrics.json")
-    with pytest.raises(ValueError, match="different policies"):
-        report_flow(args, evaluation_dir=str(earlier), out_dir=str(tmp_path / "no"))
+    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--out-dir", str(tmp_path / "no")]) == 2
+    assert "played by different policies" in capsys.readouterr().err
     assert not (tmp_path / "no").exists()
     # tables written before the policy was recorded: the run's final checkpoint names them, as before
     for split in ("train", "held_out"):

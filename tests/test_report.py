@@ -252,40 +252,56 @@ def test_report_intervals_follow_from_the_groups_not_from_the_row_order(order):
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
-RECORD_PARTS = st.fixed_dictionaries({
-    "checkpoint": st.none() | st.text(max_size=8) | st.integers(), "checkpoint_sha256": st.none() | st.text(max_size=8),
-    "iteration": st.integers(-2, 5) | st.booleans() | st.none(), "sampling": JSON,
-})
+NAMED = st.tuples(st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8)) | st.just((None, None))
+SAMPLING = st.dictionaries(st.text(max_size=8), st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                           | st.text(max_size=8) | st.lists(st.text(max_size=4), max_size=3), max_size=6)
+WHOLE = st.builds(lambda named, iteration, sampling: {"checkpoint": named[0], "checkpoint_sha256": named[1],
+                                                      "iteration": iteration, "sampling": sampling},
+                  NAMED, st.integers(0, 10**6), SAMPLING)
+#: Each makes a whole record one that cannot be right.
+DEFECTS = {
+    "a key missing": lambda r: {k: v for k, v in r.items() if k != "iteration"},
+    "an empty checkpoint path": lambda r: r | {"checkpoint": "", "checkpoint_sha256": "ab"},
+    "a path without its hash": lambda r: r | {"checkpoint": "c/ckpt-00001", "checkpoint_sha256": None},
+    "a negative iteration": lambda r: r | {"iteration": -1},
+    "a boolean iteration": lambda r: r | {"iteration": True},
+    "a fractional iteration": lambda r: r | {"iteration": 1.5},
+    "a nested sampling value": lambda r: r | {"sampling": {"temperature": {"value": 0.7}}},
+    "sampling as a list": lambda r: r | {"sampling": [0.7]},
+}
+
+
+def read_back(directory, content) -> dict | None:
+    from tasks.evaluation import recorded_policy
+    from tasks.refs import FileRef
+
+    metrics = directory / "train-metrics.json"
+    metrics.write_bytes(content) if isinstance(content, bytes) else metrics.write_text(json.dumps(content))
+    return recorded_policy({"train": FileRef(path=str(directory / "train.parquet"), sha256="0")})
 
 
 @settings(max_examples=200, deadline=None)
-@given(content=st.one_of(JSON, st.fixed_dictionaries({"policy": RECORD_PARTS | JSON}), st.binary(max_size=16)))
-def test_a_tables_policy_record_is_read_whole_or_not_at_all(tmp_path_factory, content):
-    """``{split}-metrics.json`` is read back from disk: whatever it holds, the reader returns a
-    whole record (the report can name the policy from it) or None, and never raises."""
-    from tasks.evaluation import RECORD_KEYS, recorded_checkpoint, recorded_policy
-    from tasks.refs import FileRef
-
+@given(record=WHOLE, defect=st.none() | st.sampled_from(sorted(DEFECTS)))
+def test_a_whole_policy_record_is_read_back_and_a_broken_one_is_none(tmp_path_factory, record, defect):
     directory = tmp_path_factory.mktemp("tables")
-    (directory / "train.parquet").write_bytes(b"")
-    metrics = directory / "train-metrics.json"
-    metrics.write_bytes(content) if isinstance(content, bytes) else metrics.write_text(json.dumps(content))
-    record = recorded_policy({"train": FileRef(path=str(directory / "train.parquet"), sha256="0")})
-    policy = content.get("policy") if isinstance(content, dict) else None
-    whole = isinstance(policy, dict) and isinstance(policy.get("sampling"), dict) \
-        and type(policy.get("iteration")) is int and policy["iteration"] >= 0 \
-        and ((isinstance(policy.get("checkpoint"), str) and isinstance(policy.get("checkpoint_sha256"), str))
-             or ({"checkpoint", "checkpoint_sha256"} <= policy.keys() and policy["checkpoint"] is None
-                 and policy["checkpoint_sha256"] is None))
-    assert (record is not None) == whole
-    if record is None:
-        return
-    assert RECORD_KEYS <= record.keys() and isinstance(record["sampling"], dict)
-    assert type(record["iteration"]) is int and record["iteration"] >= 0
-    checkpoint = recorded_checkpoint(record)
-    assert checkpoint is None or (checkpoint.path == record["checkpoint"]
-                                  and checkpoint.sha256 == record["checkpoint_sha256"])
-    assert record == policy
+    if defect is None:
+        assert read_back(directory, {"policy": record, "final": []}) == record
+    else:
+        assert read_back(directory, {"policy": DEFECTS[defect](record)}) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(content=st.one_of(JSON, st.fixed_dictionaries({"policy": JSON}), st.binary(max_size=16)))
+def test_whatever_a_metrics_file_holds_the_record_reader_does_not_raise(tmp_path_factory, content):
+    """``{split}-metrics.json`` is read back from disk: a record comes back whole or not at all."""
+    from tasks.evaluation import RECORD_KEYS, recorded_checkpoint
+
+    record = read_back(tmp_path_factory.mktemp("tables"), content)
+    if record is not None:
+        assert RECORD_KEYS <= record.keys() and record == content["policy"]
+        checkpoint = recorded_checkpoint(record)
+        assert checkpoint is None or (checkpoint.path, checkpoint.sha256) == (record["checkpoint"],
+                                                                               record["checkpoint_sha256"])
 
 
 def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp_path):
@@ -299,8 +315,26 @@ def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp
     for split, record in records.items():
         (tmp_path / f"{split}-metrics.json").write_text(json.dumps({"policy": record, "final": []}))
     assert recorded_policy({"train": refs["train"]}) == records["train"]
+    # one checkpoint named by two paths (./artifacts/... and absolutely) is one policy
+    (tmp_path / "held_out-metrics.json").write_text(json.dumps({"policy": records["train"] | {"checkpoint": "/x/c/ckpt-00001"}}))
+    assert recorded_policy(refs)["checkpoint_sha256"] == "ab"
+    (tmp_path / "held_out-metrics.json").write_text(json.dumps({"policy": records["held_out"], "final": []}))
     assert recorded_policy({"held_out": refs["held_out"]}) == records["held_out"]
     with pytest.raises(ValueError, match="different policies"):
         recorded_policy(refs)
     (tmp_path / "held_out-metrics.json").write_text(json.dumps({"final": []}))
     assert recorded_policy(refs) is None  # one table without a record: none for the directory
+
+
+@pytest.mark.parametrize("content", [
+    "1" * 5000,                        # past Python's integer-string limit: a plain ValueError
+    "[" * 100_000 + "]" * 100_000,     # deeper than the parser's recursion
+    '{"policy": {"checkpoint": null, "checkpoint_sha256": null, "iteration": 0, "sampling": {"t": [[[1]]]}}}',
+    '{"policy": {"checkpoint": "", "checkpoint_sha256": "", "iteration": 0, "sampling": {}}}',
+])
+def test_a_policy_record_that_cannot_be_right_is_no_record(tmp_path, content):
+    from tasks.evaluation import recorded_policy
+    from tasks.refs import FileRef
+
+    (tmp_path / "train-metrics.json").write_text(content)
+    assert recorded_policy({"train": FileRef(path=str(tmp_path / "train.parquet"), sha256="0")}) is None
