@@ -28,6 +28,7 @@ from tasks.evaluation import (
     evaluate_checkpoint,
     recorded_checkpoint,
     recorded_policy,
+    same_policy,
     same_sampling,
     write_report,
 )
@@ -157,47 +158,65 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
     final checkpoint) beside the starting policy's in ``start_dir`` (default
     ``paths.start_evaluation``, if it holds the same splits), written to ``out_dir`` (default
     ``paths.report``): JSON, metrics, Markdown and plots (gains over the start, success by
-    episode, learning curves)."""
+    episode, learning curves). The tables' own record names the policy and sampling. Only a
+    report of the run's final checkpoint against its starting policy updates ``paths.metrics``."""
     settings = settings_for(overrides, config_file)
-    ref = None if evaluation_dir else checkpoint_ref(settings, None)
-    source = Path(evaluation_dir) if evaluation_dir else default_evaluation_dir(settings, ref)
+    final = checkpoint_ref(settings, None)
+    source = Path(evaluation_dir) if evaluation_dir else default_evaluation_dir(settings, final)
     tables = tables_in(source)
     if not tables:
         raise FileNotFoundError(f"no evaluation table (train.parquet, held_out.parquet) in {source}")
     recorded = recorded_policy(tables)
-    if recorded is not None:  # the policy that played the tables, not the run's final checkpoint
-        ref = recorded_checkpoint(recorded)
-    elif evaluation_dir:
-        ref = checkpoint_ref(settings, None)
+    # the policy that played the tables, where they record it; else the run's final checkpoint
+    ref = recorded_checkpoint(recorded) if recorded is not None else final
+    if recorded is None:
         logger().warning(f"{source}: its tables record no policy (written before tables recorded it, or the record "
-                         f"is damaged); the report names the run's final checkpoint, {ref.path if ref else 'none'}, "
-                         "and the configured sampling")
+                         "is damaged); the report names the run's final checkpoint, "
+                         f"{final.path if final else 'none'}, and the configured sampling")
+    is_final = (ref.sha256 if ref else None) == (final.sha256 if final else None)
+    if not evaluation_dir and not is_final:
+        logger().warning(f"{source}: its tables were played by {recorded['checkpoint']}, not by the run's final "
+                         f"checkpoint {final.path if final else '(none)'}; the report names the tables' policy")
+    start, compared_with = start_for(settings, tables, recorded, source, start_dir, paired=ref is not None)
+    target = Path(out_dir) if out_dir else Path(settings.paths.report)
+    written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start, recorded, compared_with)
+    if is_final and compared_with is None:
+        # the headline numbers where git (and so `dvc exp show`) tracks them: the run's final report's
+        io.write_json(settings.paths.metrics, written["metrics"])
+    else:
+        logger().info(f"{settings.paths.metrics} is left as it was: it holds the run's final checkpoint against its "
+                      "starting policy, and this report is of another pair")
+    return written
+
+
+def start_for(settings: Settings, tables: dict[str, FileRef], recorded: dict[str, Any] | None, source: Path,
+              start_dir: str | None, paired: bool) -> tuple[dict[str, FileRef], str | None]:
+    """The tables to pair ``tables`` with (from ``start_dir``, default the starting policy's),
+    checked against them, and the checkpoint they are of when not the starting policy's."""
     start_source = Path(start_dir) if start_dir else default_evaluation_dir(settings, None)
     start = tables_in(start_source)
     if start_dir and set(start) != set(tables):
-        raise FileNotFoundError(f"{start_dir} holds the starting policy's {sorted(start) or 'no'} tables, "
-                                f"the report needs {sorted(tables)}")
-    if ref is None or set(start) != set(tables):
-        start = {}
-    start_recorded = recorded_policy(start) if start else None
-    if start and (recorded is None) != (start_recorded is None):
+        raise FileNotFoundError(f"{start_dir} holds {sorted(start) or 'no'} evaluation tables, the report needs "
+                                f"{sorted(tables)}")
+    if not paired or set(start) != set(tables):
+        if start_dir:
+            logger().warning(f"{source} holds the starting policy's own tables: the report pairs them with nothing, "
+                             f"and {start_dir} is not used")
+        return {}, None
+    start_recorded = recorded_policy(start)
+    if (recorded is None) != (start_recorded is None):
         logger().warning(f"{source if recorded is None else start_source}: its tables record no policy, so the "
                          "report cannot check that both sides were played at the same sampling")
-    if recorded and start_recorded and not same_sampling(recorded, start_recorded):
-        raise io.IncompatibleFilesError(
-            f"{start_source} was played at sampling {start_recorded['sampling']}, {source} at {recorded['sampling']}: "
-            "a gain paired by initial state compares two policies at one sampling; evaluate both with the same "
-            "eval.sampling")
-    compared_with = start_recorded["checkpoint"] if start_recorded else None
-    target = Path(out_dir) if out_dir else Path(settings.paths.report)
-    written = report_on(settings, tables, ref, target, f"{settings.run_name}-report", start, recorded, compared_with)
-    if compared_with is None:
-        # the headline numbers where git (and so `dvc exp show`) tracks them: the latest report's
-        io.write_json(settings.paths.metrics, written["metrics"])
-    else:
-        logger().info(f"{settings.paths.metrics} is left as it was: this report's gains are over {compared_with}, "
-                      "not over the starting policy")
-    return written
+    if recorded is not None and start_recorded is not None:
+        if not same_sampling(recorded, start_recorded):
+            raise io.IncompatibleFilesError(
+                f"{start_source} was played at sampling {start_recorded['sampling']}, {source} at "
+                f"{recorded['sampling']}: a gain paired by initial state compares two policies at one sampling; "
+                "evaluate both with the same eval.sampling")
+        if same_policy(recorded, start_recorded):
+            raise io.IncompatibleFilesError(f"{start_source} and {source} hold tables of one policy, "
+                                            f"{recorded['checkpoint'] or 'the starting policy'}: nothing to compare")
+    return start, start_recorded["checkpoint"] if start_recorded else None
 
 
 @flow(name="nightly_evaluation")

@@ -19,7 +19,8 @@ evaluate_checkpoint    evaluation table and metrics           eval, engine, game
 write_report           the report (JSON, Markdown, plots)     run, eval, game, model; tables,
                                                               manifest, metrics history,
                                                               checkpoint, start tables, the
-                                                              tables' policy record, out dir
+                                                              tables' policy record, the
+                                                              compared checkpoint, out dir
 =====================  =====================================  ==============================
 
 Modules: ``tasks.population``, ``tasks.model``, ``tasks.training`` and ``tasks.evaluation``

@@ -26,11 +26,11 @@ def default_evaluation_dir(settings: Settings, checkpoint: FileRef | None) -> Pa
 
 
 def sampling_of(settings: Settings) -> dict[str, Any]:
-    """The evaluation's sampling, every field, as reports show it and tables record it."""
+    """The evaluation's sampling (every field), as reports show it and tables record it."""
     sampling = settings.eval.sampling
+    stop = list(sampling.stop) if sampling.stop is not None else None
     return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "max_new_tokens": sampling.max_new_tokens, "stop": list(sampling.stop) if sampling.stop is not None else None,
-            "seed": sampling.seed}
+            "max_new_tokens": sampling.max_new_tokens, "stop": stop, "seed": sampling.seed}
 
 
 RECORD_KEYS = frozenset({"checkpoint", "checkpoint_sha256", "iteration", "sampling"})
@@ -45,16 +45,25 @@ def policy_record(settings: Settings, checkpoint: FileRef | None, iteration: int
             "iteration": iteration, "sampling": sampling_of(settings)}
 
 
+def _text(value: Any) -> bool:
+    """A string that can be written out (JSON's escapes can read in a lone surrogate)."""
+    try:
+        return isinstance(value, str) and bool(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+
+
 def is_policy_record(value: Any) -> bool:
     """Whether ``value`` (read from a file) is a whole :func:`policy_record`."""
     if not (isinstance(value, dict) and RECORD_KEYS <= value.keys()):
         return False
     named = value["checkpoint"], value["checkpoint_sha256"]
     sampling = value["sampling"]
-    return (all(isinstance(v, str) and v for v in named) or named == (None, None)) \
+    return (all(_text(v) for v in named) or named == (None, None)) \
         and type(value["iteration"]) is int and value["iteration"] >= 0 and isinstance(sampling, dict) \
-        and all(v is None or isinstance(v, (bool, int, float, str))
-                or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in sampling.values())
+        and all(_text(k) or k == "" for k in sampling) \
+        and all(v is None or isinstance(v, (bool, int, float)) or _text(v) or v == ""
+                or (isinstance(v, list) and all(_text(x) or x == "" for x in v)) for v in sampling.values())
 
 
 def same_policy(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -206,6 +206,10 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
 
     # A report made later from tables alone names the checkpoint that played them, not the run's
     # final one (ckpt-00002): its path, its content hash and its iteration, as the tables' rows say.
+    # Only a report of the final checkpoint against the starting policy writes the git-tracked
+    # headline numbers.
+    headline = Path(settings.paths.metrics)
+    headline.write_text('{"sentinel": 1}\n')
     first = RunPaths.of(settings).checkpoints / "ckpt-00001"
     earlier, earlier_report = tmp_path / "eval-ckpt1", tmp_path / "report-ckpt1"
     assert cli.main(["evaluate", *args, "--checkpoint", str(first), "--split", "all", "--no-report",
@@ -216,42 +220,54 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     assert about["iteration"] == 1 == pl.read_parquet(earlier / "train.parquet")["iteration"].unique().item()
     assert "train/gain_over_start" in json.loads((earlier_report / "metrics.json").read_text())
     assert "compared_with" not in about
-    # the final checkpoint's tables as the start: the report says what its gains are over, and
-    # leaves the git-tracked headline numbers (gains over the starting policy) as they were
+    # the final checkpoint's tables as the start: the report says what its gains are over
     final_tables = Path(result["files"]["report"].path).parent
-    headline = Path(settings.paths.metrics).read_bytes()
     assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(final_tables),
                      "--out-dir", str(tmp_path / "report-1-over-2")]) == 0
     about = json.loads((tmp_path / "report-1-over-2" / "report.json").read_text())["about"]
     final_checkpoint = str(RunPaths.of(settings).checkpoints / "ckpt-00002")
     assert about["compared_with"] == final_checkpoint
     assert f"(start: {final_checkpoint} -> evaluated" in (tmp_path / "report-1-over-2" / "report.md").read_text()
-    assert Path(settings.paths.metrics).read_bytes() == headline
     # the sampling is the tables', not the configuration's at report time
     hotter = cli.main(["report", *args, "eval.sampling.temperature=1.3", "--evaluation-dir", str(earlier),
                        "--out-dir", str(tmp_path / "report-hotter")])
     assert hotter == 0
-    assert json.loads((tmp_path / "report-hotter" / "report.json").read_text())["about"]["sampling"]["temperature"] == 0.7
-    # a start played at other sampling cannot be paired with it, and one split of another policy
-    # cannot be reported with these
+    about = json.loads((tmp_path / "report-hotter" / "report.json").read_text())["about"]
+    assert about["sampling"]["temperature"] == 0.7
+    assert headline.read_text() == '{"sentinel": 1}\n'
+    # the final checkpoint's own tables: the headline numbers are its report's
+    assert cli.main(["report", *args, "--evaluation-dir", str(final_tables), "--out-dir", str(tmp_path / "final")]) == 0
+    assert json.loads(headline.read_text()) == json.loads((tmp_path / "final" / "metrics.json").read_text())
+
+    # Refused with one error line, before any report: a start played at other sampling, a start
+    # that is the same policy, and tables of two policies in one directory.
+    def refused(*options: str) -> str:
+        capsys.readouterr()  # what came before
+        assert cli.main(["report", *args, *options, "--out-dir", str(tmp_path / "no")]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return next(line for line in err.splitlines() if line.startswith("error: "))
+
     hot_start = tmp_path / "start-hot"
     assert cli.main(["evaluate", *args, "eval.sampling.temperature=1.3", "--start", "--split", "all", "--no-report",
                      "--out-dir", str(hot_start)]) == 0
-    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(hot_start),
-                     "--out-dir", str(tmp_path / "no")]) == 2
-    assert "was played at sampling" in capsys.readouterr().err
-    shutil.copy(hot_start / "held_out-metrics.json", earlier / "held_out-metrics.json")
-    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--out-dir", str(tmp_path / "no")]) == 2
-    assert "played by different policies" in capsys.readouterr().err
+    assert "was played at sampling" in refused("--evaluation-dir", str(earlier), "--start-dir", str(hot_start))
+    assert "nothing to compare" in refused("--evaluation-dir", str(earlier), "--start-dir", str(earlier))
+    mixed = tmp_path / "eval-mixed"
+    shutil.copytree(earlier, mixed)
+    shutil.copy(hot_start / "held_out-metrics.json", mixed / "held_out-metrics.json")
+    assert "played by different policies" in refused("--evaluation-dir", str(mixed))
     assert not (tmp_path / "no").exists()
     # tables written before the policy was recorded: the run's final checkpoint names them, as before
+    unrecorded = tmp_path / "eval-unrecorded"
+    shutil.copytree(earlier, unrecorded)
     for split in ("train", "held_out"):
-        metrics = json.loads((earlier / f"{split}-metrics.json").read_text())
+        metrics = json.loads((unrecorded / f"{split}-metrics.json").read_text())
         del metrics["policy"]
-        (earlier / f"{split}-metrics.json").write_text(json.dumps(metrics))
-    assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--out-dir", str(earlier_report)]) == 0
-    about = json.loads((earlier_report / "report.json").read_text())["about"]
-    assert about["checkpoint"].endswith("ckpt-00002") and about["iteration"] == 2
+        (unrecorded / f"{split}-metrics.json").write_text(json.dumps(metrics))
+    assert cli.main(["report", *args, "--evaluation-dir", str(unrecorded), "--out-dir", str(tmp_path / "old")]) == 0
+    about = json.loads((tmp_path / "old" / "report.json").read_text())["about"]
+    assert about["checkpoint"] == final_checkpoint and about["iteration"] == 2
 
     # A newer run of another name: the nightly evaluation still takes the configured run, or
     # the one it is given, never merely the newest checkpoint on disk.

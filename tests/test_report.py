@@ -268,6 +268,10 @@ DEFECTS = {
     "a fractional iteration": lambda r: r | {"iteration": 1.5},
     "a nested sampling value": lambda r: r | {"sampling": {"temperature": {"value": 0.7}}},
     "sampling as a list": lambda r: r | {"sampling": [0.7]},
+    "a numeric checkpoint": lambda r: r | {"checkpoint": 5, "checkpoint_sha256": "ab"},
+    "an empty hash": lambda r: r | {"checkpoint": "c/ckpt-00001", "checkpoint_sha256": ""},
+    "a number among the stop strings": lambda r: r | {"sampling": {"stop": ["</action>", 1]}},
+    "a lone surrogate in the path": lambda r: r | {"checkpoint": "c/\ud800", "checkpoint_sha256": "ab"},
 }
 
 
@@ -305,6 +309,7 @@ def test_whatever_a_metrics_file_holds_the_record_reader_does_not_raise(tmp_path
 
 
 def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp_path):
+    from mage.io import IncompatibleFilesError
     from tasks.evaluation import recorded_policy
     from tasks.refs import FileRef
 
@@ -316,11 +321,12 @@ def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp
         (tmp_path / f"{split}-metrics.json").write_text(json.dumps({"policy": record, "final": []}))
     assert recorded_policy({"train": refs["train"]}) == records["train"]
     # one checkpoint named by two paths (./artifacts/... and absolutely) is one policy
-    (tmp_path / "held_out-metrics.json").write_text(json.dumps({"policy": records["train"] | {"checkpoint": "/x/c/ckpt-00001"}}))
+    renamed = records["train"] | {"checkpoint": "/x/c/ckpt-00001"}
+    (tmp_path / "held_out-metrics.json").write_text(json.dumps({"policy": renamed}))
     assert recorded_policy(refs)["checkpoint_sha256"] == "ab"
     (tmp_path / "held_out-metrics.json").write_text(json.dumps({"policy": records["held_out"], "final": []}))
     assert recorded_policy({"held_out": refs["held_out"]}) == records["held_out"]
-    with pytest.raises(ValueError, match="different policies"):
+    with pytest.raises(IncompatibleFilesError, match="different policies"):
         recorded_policy(refs)
     (tmp_path / "held_out-metrics.json").write_text(json.dumps({"final": []}))
     assert recorded_policy(refs) is None  # one table without a record: none for the directory

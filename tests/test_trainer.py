@@ -225,23 +225,26 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     paths = RunPaths.of(interrupted)
     assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
     assert not [p for p in paths.checkpoints.iterdir() if p.name.startswith(".")]  # no half-written directory
-    # resumed where it stopped, and from a copy in another folder (the README's way to continue a
-    # copied run): the loop reads the checkpoints on disk, whatever folder they are in
+    # resumed from a copy in another folder (the README's way to continue a copied run), which
+    # leaves the original as it was, and then where it stopped: the loop reads the checkpoints on
+    # disk, whatever folder they are in
     shutil.copytree(tmp_path / "b", tmp_path / "c")
     copied = tiny_run(tiny_model_dir, tmp_path / "c", *extra)
-    for resumed_run in (interrupted, copied):
+    for resumed_run in (copied, interrupted):
         resumed = train(resumed_run, progress=False)
         assert [r.iteration for r in resumed] == [2, 3]
+        if resumed_run is copied:
+            assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
         a, b = weights(uninterrupted), weights(resumed_run)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
         table_a = pl.read_parquet(RunPaths.of(uninterrupted).rollout(3))
         table_b = pl.read_parquet(RunPaths.of(resumed_run).rollout(3))
         assert table_a.drop("run_id").equals(table_b.drop("run_id"))
-    manifest = ckpt.latest_checkpoint(paths.checkpoints).manifest
-    assert manifest["iteration"] == 3 and manifest["parent"].endswith("ckpt-00002")
-    assert manifest["kind"] == ("lora" if lora else "full") and "train/loss" in manifest["metrics"]
-    # linear schedule: iteration 3 of 3 ran at 1e-3 * (1 - 2/3), resumed or not
-    assert manifest["metrics"]["train/learning_rate"] == pytest.approx(1e-3 / 3)
+        manifest = ckpt.latest_checkpoint(RunPaths.of(resumed_run).checkpoints).manifest
+        assert manifest["iteration"] == 3 and manifest["parent"].endswith("ckpt-00002")
+        assert manifest["kind"] == ("lora" if lora else "full") and "train/loss" in manifest["metrics"]
+        # linear schedule: iteration 3 of 3 ran at 1e-3 * (1 - 2/3), resumed or not
+        assert manifest["metrics"]["train/learning_rate"] == pytest.approx(1e-3 / 3)
 
 
 def test_a_corrupted_checkpoint_is_skipped(tiny_model_dir, tmp_path):
