@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,10 +28,7 @@ def default_evaluation_dir(settings: Settings, checkpoint: FileRef | None) -> Pa
 
 def sampling_of(settings: Settings) -> dict[str, Any]:
     """The evaluation's sampling (every field), as reports show it and tables record it."""
-    sampling = settings.eval.sampling
-    stop = list(sampling.stop) if sampling.stop is not None else None
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "max_new_tokens": sampling.max_new_tokens, "stop": stop, "seed": sampling.seed}
+    return dataclasses.asdict(settings.eval.sampling)
 
 
 RECORD_KEYS = frozenset({"checkpoint", "checkpoint_sha256", "iteration", "sampling"})
@@ -48,7 +46,7 @@ def policy_record(settings: Settings, checkpoint: FileRef | None, iteration: int
 def _text(value: Any) -> bool:
     """A string that can be written out (JSON's escapes can read in a lone surrogate)."""
     try:
-        return isinstance(value, str) and bool(value.encode("utf-8"))
+        return isinstance(value, str) and value.encode("utf-8") is not None
     except UnicodeEncodeError:
         return False
 
@@ -59,11 +57,11 @@ def is_policy_record(value: Any) -> bool:
         return False
     named = value["checkpoint"], value["checkpoint_sha256"]
     sampling = value["sampling"]
-    return (all(_text(v) for v in named) or named == (None, None)) \
+    return (all(_text(v) and v for v in named) or named == (None, None)) \
         and type(value["iteration"]) is int and value["iteration"] >= 0 and isinstance(sampling, dict) \
-        and all(_text(k) or k == "" for k in sampling) \
-        and all(v is None or isinstance(v, (bool, int, float)) or _text(v) or v == ""
-                or (isinstance(v, list) and all(_text(x) or x == "" for x in v)) for v in sampling.values())
+        and all(_text(k) for k in sampling) \
+        and all(v is None or isinstance(v, (bool, int, float)) or _text(v)
+                or (isinstance(v, list) and all(_text(x) for x in v)) for v in sampling.values())
 
 
 def same_policy(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
