@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from mage import __version__, ceilings, io
-from mage.games import Game, make_game
+from mage.games import Game, checked_game, make_game
 from mage.opponents import Opponent, make
 
 SPLITS = ("train", "held_out")
@@ -55,6 +55,7 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
     not positive or do not sum to 1, ids used twice, unknown opponents or parameters.
     """
     game_name = cfg["game"]["name"]
+    base_params = _plain(cfg["game"].get("params")) or {}
     population = cfg["population"]
     entries, seen = [], set()
     for split in SPLITS:
@@ -84,6 +85,10 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
                 entry.make_opponent()
             except ValueError as error:
                 raise ValueError(f"{where}: {error}") from None
+            if entry.game_params:
+                # a level setting that cannot be right (Sokoban's num_boxes, levels) is named
+                # here, before work, not when the first rollout builds the entry's game
+                checked_game(game_name, {**base_params, **entry.game_params}, f"{where}.game_params")
             entries.append(entry)
     train = [e for e in entries if e.split == "train"]
     if not train:

@@ -163,18 +163,9 @@ class GameConfig:
     length_penalty: Annotated[float, Field(ge=0)]  # c_len
 
     def __post_init__(self) -> None:
-        import inspect
+        from mage.games import checked_game
 
-        from mage.games import make_game
-
-        accepted = [p for p in inspect.signature(type(make_game(self.name)).__init__).parameters if p != "self"]
-        unknown = sorted(set(self.params) - set(accepted))
-        if unknown:
-            raise ValueError(f"params: unknown key(s) {unknown} for {self.name}; allowed keys: {accepted}")
-        try:
-            make_game(self.name, **self.params)
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"params.{error}") from None
+        checked_game(self.name, self.params, "params")
 
     @cached_property
     def num_players(self) -> int:

@@ -166,6 +166,22 @@ def test_a_sokoban_box_reward_outside_zero_to_the_payoff_is_rejected_naming_the_
     assert str(error.value).startswith("game.params.box_reward must be in [0, payoff_scale (10.0)]"), error.value
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(below(1).map(str), st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                 st.sampled_from(["true", "false", "'3'", "[1]", "{a: 1}", "three"])))
+def test_a_bad_level_setting_of_a_population_entry_is_rejected_naming_the_entry(text):
+    # population entries override the game's parameters (Sokoban's num_boxes, levels); a bad
+    # one used to pass until the first rollout built the entry's game. A float is never a
+    # number of levels, 3.0 included.
+    with pytest.raises(SettingsError) as error:
+        load_settings(["game=sokoban", f"+population.train.boxes_2.game_params.levels={text}"])
+    assert str(error.value).startswith("population.train.boxes_2.game_params.levels must be null"), error.value
+    with pytest.raises(SettingsError, match=r"population.held_out.boxes_3.game_params.num_boxes must be in \[1, 6\]"):
+        load_settings(["game=sokoban", "population.held_out.boxes_3.game_params.num_boxes=7"])
+    with pytest.raises(SettingsError, match=r"population.train.boxes_2.game_params: unknown key\(s\) \['colour'\]"):
+        load_settings(["game=sokoban", "+population.train.boxes_2.game_params.colour=1"])
+
+
 def test_a_cross_field_rule_is_checked_before_work():
     with pytest.raises(SettingsError, match=r"game.params.max_moves must be <= turn_limit \* moves_per_turn \(21\)"):
         load_settings(["game=sokoban", "game.params.max_moves=30"])

@@ -303,6 +303,24 @@ def test_moves_after_solving_are_ignored() -> None:
     assert "Boxes on targets: 1 of 1." in episode.render_state()
 
 
+def test_a_fixed_set_of_levels_is_what_the_seeds_draw_from() -> None:
+    # game.params.levels=K: every seed plays one of K levels, the seeds cover all of them, and
+    # a new level for every seed (the default) repeats none over the same seeds
+    seeds = [7 * s + 1_000_003 for s in range(60)]
+    pooled, fresh = Sokoban(levels=3), Sokoban()
+    pooled_levels = {json.dumps(pooled.initial_state(s).data["level"], sort_keys=True) for s in seeds}
+    fresh_levels = {json.dumps(fresh.initial_state(s).data["level"], sort_keys=True) for s in seeds}
+    assert len(pooled_levels) == 3 and len(fresh_levels) == len(seeds)
+    for s in seeds:
+        assert pooled.initial_state(s).data["level"] == pooled.initial_state(s + 3).data["level"]
+        assert pooled.initial_state(s).data["level_index"] == s % 3
+        assert pooled.initial_state(s).seed == s  # the group's seed stays what the table pairs by
+    # the set holds the generator's levels 0..K-1, each a solvable level within the settings
+    assert {json.dumps(generate_level(i)[0].to_data(), sort_keys=True) for i in range(3)} == pooled_levels
+    with pytest.raises(ValueError, match="levels must be null"):
+        Sokoban(levels=0)
+
+
 def test_initial_state_replays_exactly() -> None:
     game = Sokoban()
     initial = game.initial_state(11)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mage.games.base import Episode, Game, InitialState, Move, Outcome
@@ -35,4 +36,19 @@ def make_game(name: str, **params: Any) -> Game:
     return GAMES[name](**params)
 
 
-__all__ = ["Episode", "Game", "InitialState", "Move", "Outcome", "GAMES", "make_game"]
+def checked_game(name: str, params: Mapping[str, Any], key: str) -> Game:
+    """The game built from ``params``, or a ValueError naming the config ``key`` they were
+    set under: ``KEY: unknown key(s) ...`` with the allowed ones, or ``KEY.PARAM must be ...``."""
+    import inspect
+
+    accepted = [p for p in inspect.signature(type(make_game(name)).__init__).parameters if p != "self"]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"{key}: unknown key(s) {unknown} for {name}; allowed keys: {accepted}")
+    try:
+        return make_game(name, **params)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{key}.{error}") from None
+
+
+__all__ = ["Episode", "Game", "InitialState", "Move", "Outcome", "GAMES", "checked_game", "make_game"]

@@ -59,6 +59,7 @@ class Sokoban(Game):
         end_on_deadlock: bool = False,
         deadlock_hint: bool = False,
         box_reward: float = 0.0,
+        levels: int | None = None,
     ) -> None:
         check_param(len(dim) == 2 and all(5 <= int(d) <= 16 for d in dim), "dim", dim,
                     "two sizes in [5, 16] (the outer walls included)")
@@ -72,6 +73,8 @@ class Sokoban(Game):
         check_param(payoff_scale > 0, "payoff_scale", payoff_scale, "> 0")
         check_param(0 <= box_reward <= payoff_scale, "box_reward", box_reward,
                     f"in [0, payoff_scale ({payoff_scale})]")
+        check_param(levels is None or (isinstance(levels, int) and not isinstance(levels, bool) and levels >= 1),
+                    "levels", levels, "null (a new level for every seed) or an integer >= 1")
         self.dim = (int(dim[0]), int(dim[1]))
         self.num_boxes = num_boxes
         self.min_moves = min_moves
@@ -82,12 +85,22 @@ class Sokoban(Game):
         self.end_on_deadlock = end_on_deadlock
         self.deadlock_hint = deadlock_hint
         self.box_reward = float(box_reward)
+        self.levels = levels
 
     def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
         if agent_seat != 0:
             raise ValueError(f"Sokoban has one player: agent_seat must be 0, got {agent_seat!r}")
-        level, optimal = generate_level(seed, self.dim, self.num_boxes, self.min_moves, self.max_moves)
-        return InitialState(self.name, int(seed), 0, {"level": level.to_data(), "optimal_moves": optimal})
+        data: dict[str, Any] = {}
+        level_seed = seed
+        if self.levels is not None:
+            # A fixed set of levels, as Procgen's num_levels (Cobbe et al. 2019): the seed
+            # picks one of them, so training sees the same levels again and an evaluation
+            # on the same setting measures the levels trained on. Level i is the generator's
+            # level for seed i.
+            level_seed = seed % self.levels
+            data["level_index"] = level_seed
+        level, optimal = generate_level(level_seed, self.dim, self.num_boxes, self.min_moves, self.max_moves)
+        return InitialState(self.name, int(seed), 0, {"level": level.to_data(), "optimal_moves": optimal, **data})
 
     def new_episode(self, initial: InitialState, opponent: Any | None = None) -> SokobanEpisode:
         if opponent is not None:
