@@ -48,7 +48,7 @@ def test_a_wrong_key_or_value_names_the_key_and_what_is_allowed(override, messag
 def test_every_preset_and_the_paper_experiment_compose():
     for overrides in ([], ["game=tic_tac_toe"], ["game=sokoban"], ["model=qwen3_4b"], ["model=qwen2_5_0_5b"],
                       ["algo=grpo"], ["algo=lamer"], ["algo=gigpo"], ["+experiment=paper"],
-                      ["+experiment=tic_tac_toe_long"], ["+experiment=sokoban_long"]):
+                      ["+experiment=tic_tac_toe_long"], ["+experiment=sokoban_long"], ["+experiment=sokoban_levels"]):
         settings = load_settings(overrides)
         assert settings.run_name
     # the long Tic-Tac-Toe run is the game's tiny preset (its warm start and baseline), longer
@@ -67,6 +67,15 @@ def test_every_preset_and_the_paper_experiment_compose():
     assert long.model.path != default.model.path and long.model.local_dir == long.model.path
     assert long.model.tiny.bc_rules == ({"rule": "wanderer", "solver_probability": 0.75, "look_around": True},)
     assert long.train.iterations > default.train.iterations
+    # the fixed-levels Sokoban run: sokoban_long's warm start, its training entry on levels
+    # 0..31, new 2-box levels held out beside the default's, and a run name of its own
+    levels = load_settings(["+experiment=sokoban_levels"])
+    assert (levels.model, levels.game) == (long.model, long.game)
+    entries = {(e.id, e.split): dict(e.game_params) for e in levels.population.entries}
+    assert entries == {**{(e.id, e.split): dict(e.game_params) for e in long.population.entries},
+                       ("boxes_2", "train"): {"num_boxes": 2, "levels": 32}, ("boxes_2_new", "held_out"): {"num_boxes": 2}}
+    assert levels.run_name == "mage-sokoban-levels32-tiny-seed0" != long.run_name
+    assert (levels.engine.groups, levels.engine.rollout.group_size, levels.engine.sampling.temperature) == (32, 4, 0.7)
     paper = load_settings(["+experiment=paper"])
     assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.rollout.group_size) == (
         "qwen3_4b", "vllm", 16, 8)

@@ -96,6 +96,7 @@ def test_the_committed_params_yaml_is_the_composition_of_params(tmp_path):
 @pytest.mark.parametrize("overrides", [
     ["game=kuhn_poker"], ["game=tic_tac_toe"], ["game=sokoban"], ["game=tic_tac_toe", "algo=grpo"],
     ["game=sokoban", "+experiment=paper"], ["+experiment=tic_tac_toe_long"], ["+experiment=sokoban_long"],
+    ["+experiment=sokoban_levels"],
 ])
 def test_dvc_composes_each_game_as_the_flows_do(overrides, tmp_path):
     """``dvc exp run -S game=...`` writes params.yaml with DVC's own Hydra composition: it must

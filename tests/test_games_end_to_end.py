@@ -32,9 +32,11 @@ FIELDS = ("meta_episodes", "first_win_rate", "final_win_rate", "win_rate_gain", 
 
 
 #: (game, its overrides, the preset's directory): each game's default, and the named long
-#: Sokoban option (its own warm start, which thinks the cells around the player; its own directory)
+#: Sokoban options (their own warm start, which thinks the cells around the player, in its own
+#: directory; sokoban_levels trains on a fixed set of levels and holds out new ones)
 RUNS = [(game, [f"game={game}"], f"tiny-{game}") for game in sorted(WARM_START)] + [
-    ("sokoban", ["+experiment=sokoban_long"], "tiny-sokoban-long")]
+    ("sokoban", ["+experiment=sokoban_long"], "tiny-sokoban-long"),
+    ("sokoban", ["+experiment=sokoban_levels"], "tiny-sokoban-long")]
 
 
 @pytest.mark.parametrize(("game", "chosen", "preset_dir"), RUNS, ids=[" ".join(run[1]) for run in RUNS])
@@ -47,10 +49,10 @@ def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp
     preset = json.loads((tmp_path / "models" / preset_dir / "preset.json").read_text())
     rule = preset["build"]["bc_rules"][0]
     assert (rule if isinstance(rule, str) else rule["rule"]) == WARM_START[game]  # the game's own player
-    assert (isinstance(rule, dict) and rule.get("look_around", False)) == ("+experiment=sokoban_long" in chosen)
+    assert (isinstance(rule, dict) and rule.get("look_around", False)) == (preset_dir == "tiny-sokoban-long")
     report = json.loads((Path(result["report"]) / "report.json").read_text())
     assert report["about"]["game"] == game and report["about"]["checkpoint"].endswith("ckpt-00001")
-    entries = population_entries(compose([f"game={game}"]))
+    entries = population_entries(compose(chosen))
     for split in ("train", "held_out"):
         expected = {e.id for e in entries if e.split == split}
         assert set(preset["warm_start"][split]) == {*expected, "all"}
