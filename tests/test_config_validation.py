@@ -176,6 +176,9 @@ def test_a_bad_level_setting_of_a_population_entry_is_rejected_naming_the_entry(
     with pytest.raises(SettingsError) as error:
         load_settings(["game=sokoban", f"+population.train.boxes_2.game_params.levels={text}"])
     assert str(error.value).startswith("population.train.boxes_2.game_params.levels must be null"), error.value
+
+
+def test_a_population_entry_names_its_bad_or_unknown_game_parameter():
     with pytest.raises(SettingsError, match=r"population.held_out.boxes_3.game_params.num_boxes must be in \[1, 6\]"):
         load_settings(["game=sokoban", "population.held_out.boxes_3.game_params.num_boxes=7"])
     with pytest.raises(SettingsError, match=r"population.train.boxes_2.game_params: unknown key\(s\) \['colour'\]"):

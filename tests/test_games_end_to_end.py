@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from flows import pipeline
@@ -72,3 +73,15 @@ def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp
     for split in ("train", "held_out"):  # the headline numbers dvc exp show lists, per split
         for name in ("final_win_rate", "gain_over_start", "invalid_rate"):
             assert isinstance(metrics[f"{split}/{name}"], float), (split, name)
+    # the training rollouts and evaluation of sokoban_levels play its 32 levels, and its
+    # held-out 2-box entry new ones (an entry's game_params reach the engine)
+    run = compose(chosen).run.name
+    tables = [*(tmp_path / "runs" / run / "rollouts").glob("*.parquet"), *(tmp_path / "eval" / run).glob("*/*.parquet")]
+    assert len(tables) == 5, tables  # one iteration's rollouts; the start's and the checkpoint's two splits
+    for table in tables:
+        for row in pl.read_parquet(table, columns=["opponent", "initial_state"]).iter_rows(named=True):
+            index = json.loads(row["initial_state"])["data"].get("level_index")
+            if "+experiment=sokoban_levels" in chosen and row["opponent"] == "boxes_2":
+                assert index is not None and 0 <= index < 32, (table, row)
+            else:
+                assert index is None, (table, row)

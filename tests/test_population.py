@@ -110,5 +110,12 @@ def test_a_sokoban_return_ceiling_counts_the_box_reward():
         best = record["ceilings"]["seat_0"]["best_response_return"]
         assert best["value"] == pytest.approx(10 + sum(off_target) / 40), record["id"]
         assert best["method"] == "monte_carlo" and best["n_games"] == 40
+    # on a fixed set of 3 levels the mean is over those 3, exactly
+    fixed = seed_population(compose(["game=sokoban", "game.params.box_reward=1.0", "game.params.levels=3"]),
+                            progress=False)["opponents"][0]
+    levels = [generate_level(seed, (6, 6), fixed["game_params"]["num_boxes"], 5, 21)[0] for seed in range(3)]
+    off_target = [sum(box not in level.targets for box in level.boxes) for level in levels]
+    assert fixed["ceilings"]["seat_0"]["best_response_return"] == {"value": pytest.approx(10 + sum(off_target) / 3),
+                                                                   "method": "exact"}
     plain = seed_population(compose(["game=sokoban"]), progress=False)["opponents"][0]["ceilings"]["seat_0"]
     assert plain["best_response_return"] == {"value": 10.0, "method": "by_construction"}

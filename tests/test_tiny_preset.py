@@ -15,6 +15,7 @@ from mage.config import compose
 from mage.models.build import (WARM_START_ROLLOUT, behaviour_cloning, build_differences, build_tiny, fresh_model,
                                learning_rate_factor)
 from mage.models.policy import ensure_model, load_policy
+from mage.games.sokoban import generate_level
 from mage.models.tiny import scripted_tables
 from mage.settings import load_settings
 
@@ -118,6 +119,20 @@ def test_cloning_phases_draw_the_calls_they_say(monkeypatch):
     assert [length <= 16 for _, length, _ in steps] == [True] * 4 + [False] * 2
     # the first 3 of 6 steps constant, so the decay starts from step 3 and takes 0.9 off by step 6
     assert [round(lr, 9) for _, _, lr in steps] == [1e-3, 1e-3, 1e-3, 1e-3, 7e-4, 4e-4]
+
+
+def test_the_warm_start_is_cloned_on_new_levels_under_a_fixed_training_set():
+    """`+experiment=sokoban_levels` trains on levels 0..31; its warm start must not be cloned on
+    them (it stands in for a pretrained model): the cloning data are sokoban_long's, and none of
+    their levels is one of the 32."""
+    rule = [{"rule": "wanderer", "solver_probability": 0.75}]
+    fixed = scripted_tables(compose(["+experiment=sokoban_levels"]), rule, 32, 0, rollout=WARM_START_ROLLOUT)
+    fresh = scripted_tables(compose(["+experiment=sokoban_long"]), rule, 32, 0, rollout=WARM_START_ROLLOUT)
+    assert fixed["initial_state"].to_list() == fresh["initial_state"].to_list()
+    assert fixed["response"].to_list() == fresh["response"].to_list()
+    training_levels = {json.dumps(generate_level(i)[0].to_data(), sort_keys=True) for i in range(32)}
+    cloned = {json.dumps(json.loads(text)["data"]["level"], sort_keys=True) for text in fixed["initial_state"].unique()}
+    assert len(cloned) == 8 and not cloned & training_levels
 
 
 def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher():

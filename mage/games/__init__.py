@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,8 +40,6 @@ def make_game(name: str, **params: Any) -> Game:
 def checked_game(name: str, params: Mapping[str, Any], key: str) -> Game:
     """The game built from ``params``, or a ValueError naming the config ``key`` they were
     set under: ``KEY: unknown key(s) ...`` with the allowed ones, or ``KEY.PARAM must be ...``."""
-    import inspect
-
     accepted = [p for p in inspect.signature(type(make_game(name)).__init__).parameters if p != "self"]
     unknown = sorted(set(params) - set(accepted))
     if unknown:
