@@ -45,10 +45,13 @@ def policy_record(settings: Settings, checkpoint: FileRef | None, iteration: int
 
 def _text(value: Any) -> bool:
     """A string that can be written out (JSON's escapes can read in a lone surrogate)."""
+    if not isinstance(value, str):
+        return False
     try:
-        return isinstance(value, str) and value.encode("utf-8") is not None
+        value.encode("utf-8")
     except UnicodeEncodeError:
         return False
+    return True
 
 
 def is_policy_record(value: Any) -> bool:

@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import mage.models.build as build_module
 from mage.config import compose
+from mage.games.sokoban import generate_level
 from mage.models.build import (WARM_START_ROLLOUT, behaviour_cloning, build_differences, build_tiny, fresh_model,
                                learning_rate_factor)
 from mage.models.policy import ensure_model, load_policy
-from mage.games.sokoban import generate_level
 from mage.models.tiny import scripted_tables
 from mage.settings import load_settings
 

@@ -139,6 +139,9 @@ class Game(ABC):
     payoff_scale: float
     turn_limit: int
     moves_per_turn: int = 1
+    #: Parameters that fix a training set (Sokoban's ``levels``): a warm start that stands in
+    #: for a pretrained model is built without them (mage.models.tiny.scripted_tables).
+    training_set_params: tuple[str, ...] = ()
     #: Canonical action names that are short codes a reply copies from the prompt (cells,
     #: directions); the tiny preset's tokenizer keeps each one a single token, so that the
     #: name in a list of legal moves and the name in a reply are the same token.

@@ -141,21 +141,24 @@ def scripted_tables(
     parameters, population and seating), ``meta_episodes`` per rule in groups of 4, played
     as ``rollout`` (a RolloutConfig: episodes, context mode, ...; default: its defaults).
 
-    A fixed set of training levels (Sokoban's ``levels``) is left out: the warm start stands in
-    for a pretrained model, which has not seen the levels RL will train on, so it is cloned on
-    the game's own level distribution and a gain on those levels is RL's. It is then the same
-    warm start with and without the set."""
+    A fixed training set (the game's ``training_set_params``, Sokoban's ``levels``) is left out:
+    the warm start stands in for a pretrained model, which has not seen the levels RL will train
+    on, so it is cloned on the game's own level distribution and a gain on those levels is RL's.
+    It is then the same warm start with and without the set."""
     from dataclasses import replace
 
     import polars as pl
 
     from mage.backends import SamplingSettings
     from mage.backends.scripted import ScriptedBackend
+    from mage.games import make_game
     from mage.population import population_entries, seating
     from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
 
+    training_set = make_game(cfg["game"]["name"]).training_set_params
+
     def any_level(params: Mapping[str, Any]) -> dict[str, Any]:
-        return {key: value for key, value in params.items() if key != "levels"}
+        return {key: value for key, value in params.items() if key not in training_set}
 
     entries = [replace(e, game_params=any_level(e.game_params)) for e in population_entries(cfg) if e.split == "train"]
     seat_split, num_seats = seating(cfg)

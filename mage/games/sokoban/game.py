@@ -46,6 +46,7 @@ class Sokoban(Game):
     name = "sokoban"
     num_players = 1
     action_names = MOVE_NAMES
+    training_set_params = ("levels",)
 
     def __init__(
         self,
@@ -90,17 +91,15 @@ class Sokoban(Game):
     def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
         if agent_seat != 0:
             raise ValueError(f"Sokoban has one player: agent_seat must be 0, got {agent_seat!r}")
-        data: dict[str, Any] = {}
-        level_seed = seed
-        if self.levels is not None:
-            # A fixed set of levels, as Procgen's num_levels (Cobbe et al. 2019): the seed
-            # picks one of them, so training sees the same levels again and an evaluation
-            # on the same setting measures the levels trained on. Level i is the generator's
-            # level for seed i.
-            level_seed = seed % self.levels
-            data["level_index"] = level_seed
+        # A fixed set of levels, as Procgen's num_levels (Cobbe et al. 2019): the seed picks one
+        # of them, so training sees the same levels again and an evaluation on the same setting
+        # measures the levels trained on. Level i is the generator's level for seed i.
+        level_seed = seed if self.levels is None else seed % self.levels
         level, optimal = generate_level(level_seed, self.dim, self.num_boxes, self.min_moves, self.max_moves)
-        return InitialState(self.name, int(seed), 0, {"level": level.to_data(), "optimal_moves": optimal, **data})
+        data: dict[str, Any] = {"level": level.to_data(), "optimal_moves": optimal}
+        if self.levels is not None:
+            data["level_index"] = level_seed
+        return InitialState(self.name, int(seed), 0, data)
 
     def new_episode(self, initial: InitialState, opponent: Any | None = None) -> SokobanEpisode:
         if opponent is not None:
