@@ -43,21 +43,21 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.train import train as train_flow
+    from mage.build import prepare_model
+    from mage.run import train
     from mage.settings import load_settings
-    from mage.train.loop import ensure_model, run_iteration, start_training
     from tasks import state as memory
 
     torch.set_num_threads(args.threads)
     base = list(args.override) + ["train.iterations=1"]
-    model_path = args.model_path or ensure_model(load_settings(base))
+    model_path = args.model_path or prepare_model(load_settings(base))
     base.append(f"model.path={Path(model_path).resolve()}")
     work = Path(tempfile.mkdtemp(prefix="mage-bench-flow-"))
 
     def direct(index: int) -> float:
         started = time.perf_counter()  # both paths start from overrides: composing the config counts
         settings = load_settings([*base, f"paths.artifacts={work / f'direct-{index}'}", f"paths.results={work / f'direct-{index}' / 'results'}"])
-        state = start_training(settings)
-        run_iteration(state, 1, progress=False)
+        train(settings, progress=False)
         return time.perf_counter() - started
 
     def flowed(index: int) -> tuple[float, list[str]]:

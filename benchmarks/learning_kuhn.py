@@ -43,8 +43,7 @@ OPPONENTS = ("conservative", "aggressive", "intermediate")
 
 
 def settings_for(args: argparse.Namespace, algo: str = "mage", seed: int = 0, *extra: str):
-    from mage.config import compose
-    from mage.settings import Settings
+    from mage.settings import load_settings
 
     overrides = [
         "game=kuhn_poker", "model=tiny", f"algo={algo}", f"seed={seed}", f"paths.artifacts={args.out}", f"paths.results={args.out}/results",
@@ -53,7 +52,7 @@ def settings_for(args: argparse.Namespace, algo: str = "mage", seed: int = 0, *e
     ]
     if algo == "grpo":  # one episode per meta-episode, three times the groups: same episode budget
         overrides += ["engine.episodes=1", f"engine.groups={3 * args.groups}"]
-    return Settings.from_config(compose(overrides))
+    return load_settings(overrides)
 
 
 METRICS = ("final_win_rate", "final_mean_return", "first_win_rate", "first_mean_return", "invalid_rate",
@@ -71,35 +70,35 @@ def evaluate_policy(settings, checkpoint, eval_groups: int) -> dict:
 
     cfg = replace(settings.eval, meta_episodes=3 * eval_groups, episodes=3)
     table = evaluate_checkpoint(settings, checkpoint, ("train",), cfg)["train"]
-    rows = per_opponent(table, seed_population(settings.raw, progress=False), cfg.episodes, cfg.early_stop)
+    rows = per_opponent(table, seed_population(settings, progress=False), cfg.episodes, cfg.early_stop)
     return {r["opponent"]: {k: r[k] for k in METRICS} for r in rows}
 
 
 def run_worker(args: argparse.Namespace) -> None:
     import torch
 
+    from mage.run import RunLayout, train
     from mage.train import checkpoint as ckpt
-    from mage.train.loop import RunPaths, train
 
     torch.set_num_threads(args.threads)
     algo, seed = args.worker
     settings = settings_for(args, algo, int(seed))
     started = time.perf_counter()
-    results = train(settings, resume=False, progress=False)
+    results = train(settings, progress=False).history  # a fresh --out: every iteration runs here
     train_seconds = time.perf_counter() - started
-    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    latest = ckpt.latest_checkpoint(RunLayout.of(settings).checkpoints)
     started = time.perf_counter()
     evaluation = evaluate_policy(settings, latest, args.eval_groups)
     eval_seconds = time.perf_counter() - started
-    calls = sum(r.metrics["rollout/calls"] for r in results)
-    last = results[-1].metrics
+    calls = sum(r["rollout/calls"] for r in results)
+    last = results[-1]
     print(json.dumps({
         "algo": algo, "seed": int(seed), "iterations": len(results), "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         # where the run ended up: drift shows as a growing KL and entropy, exploits as invalid replies
         "last_kl": last["train/kl"], "last_entropy": last["train/entropy"], "last_invalid_rate": last["rollout/invalid_rate"],
-        "llm_calls": calls, "episodes": sum(r.metrics.get("rollout/episodes", 0) for r in results),
-        "train_tokens_per_second": statistics.mean(r.metrics["train/tokens_per_second"] for r in results),
+        "llm_calls": calls, "episodes": sum(r.get("rollout/episodes", 0) for r in results),
+        "train_tokens_per_second": statistics.mean(r["train/tokens_per_second"] for r in results),
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "evaluation": evaluation,
     }))
@@ -109,7 +108,7 @@ def throughput_worker(args: argparse.Namespace) -> None:
     import polars as pl
     import torch
 
-    from mage.train.loop import load_run_policy
+    from mage.models.policy import load_run_policy
     from mage.train.trainer import PolicyTrainer
 
     torch.set_num_threads(args.threads)
@@ -171,10 +170,11 @@ def main() -> None:
     if args.throughput:
         return throughput_worker(args)
 
-    from mage.train.loop import RunPaths, ensure_model
+    from mage.build import prepare_model
+    from mage.run import RunLayout
 
     base = settings_for(args)
-    ensure_model(base)  # one warm start for every run
+    prepare_model(base)  # one warm start for every run
     warm = evaluate_policy(base, None, args.eval_groups)
     runs = [subprocess_json(args, "--worker", algo, str(seed)) for algo in args.algos for seed in args.seeds]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def main() -> None:
 
     import torch
 
-    group_size = base.engine.rollout.group_size
+    group_size = base.engine.group_size
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {args.threads} threads; "
           f"{time.strftime('%Y-%m-%d')}; {args.iterations} iterations of {args.groups} groups x {group_size} "
           f"meta-episodes, N=3 (GRPO: {3 * args.groups} groups, N=1); seeds {args.seeds}; eval {args.eval_groups} "
@@ -220,7 +220,7 @@ def main() -> None:
         print(f"| {r['algo']} seed {r['seed']} | {r['iterations']} | {r['llm_calls']:.0f} | {r['train_seconds']:.0f} | "
               f"{r['train_tokens_per_second']:.0f} | {r['eval_seconds']:.0f} | {r['max_rss_mib']:.0f} |")
 
-    table = RunPaths.of(settings_for(args, "mage", args.seeds[0])).rollout(1)
+    table = RunLayout.of(settings_for(args, "mage", args.seeds[0])).rollout(1)
     print("\n| training step batching | tokens/s | padding share | seconds | peak RSS (MiB) |")
     print("|---|---|---|---|---|")
     for batching in ("bucketed", "padded"):

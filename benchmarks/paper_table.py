@@ -48,7 +48,6 @@ from paper_table_report import final_success, print_tables
 GAMES = ("kuhn_poker", "tic_tac_toe", "sokoban")
 ALGOS = ("mage", "lamer", "gigpo", "grpo")
 SINGLE_EPISODE = {"gigpo", "grpo"}
-SPLITS = ("train", "held_out")
 SELECTION_SEED = 4321  # initial states of the learning-rate choice: never the reported ones (eval.seed)
 ABLATIONS = {"mixed groups": ["algo.grouping=mixed"], "local anchor": ["algo.anchor=local"]}
 
@@ -107,7 +106,9 @@ class RunSpec:
 
 def base_overrides(args: argparse.Namespace, game: str, scale: Scale) -> list[str]:
     model = [f"model.path={Path(args.model_path[game]).resolve()}"] if game in args.model_path else []
-    return [f"game={game}", "model=tiny", f"paths.artifacts={(args.out / game).resolve()}", *model,
+    # runs go side by side: no dvclive (one folder for all of them), and nothing in the repository's results/
+    return [f"game={game}", "model=tiny", f"paths.artifacts={(args.out / game).resolve()}",
+            f"paths.results={(args.out / game / 'results').resolve()}", "paths.live=null", *model,
             f"train.iterations={scale.iterations}", f"engine.group_size={scale.group_size}",
             f"train.mini_batch_size={scale.mini_batch_size}", f"eval.meta_episodes={scale.eval_meta_episodes}",
             "train.keep_checkpoints=1", *(SMOKE_RUNS if args.smoke else []),
@@ -126,15 +127,16 @@ def run_spec(args: argparse.Namespace, game: str, algo: str, seed: int, lr: floa
 
 # -- work done in a worker (or in-process with --jobs 1) -----------------------------------
 def evaluate_tables(settings: Any, checkpoint: Any, out: Path, seed: int | None = None,
-                    meta_episodes: int | None = None, splits: tuple[str, ...] = SPLITS) -> dict[str, str]:
-    """Play the policy (``checkpoint``; None: the warm start) on each split; the tables' paths."""
+                    meta_episodes: int | None = None, splits: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Play the policy (``checkpoint``; None: the warm start) on each split (default: both); the tables' paths."""
     from mage.evaluation import evaluate_checkpoint
     from mage.rollout import write_trajectories
+    from mage.sections import SPLITS
 
     cfg = settings.eval
     cfg = replace(cfg, seed=cfg.seed if seed is None else seed,
                   meta_episodes=cfg.meta_episodes if meta_episodes is None else meta_episodes)
-    tables = evaluate_checkpoint(settings, checkpoint, splits, cfg)
+    tables = evaluate_checkpoint(settings, checkpoint, splits or SPLITS, cfg)
     return {split: str(write_trajectories(table, out / f"{split}.parquet")) for split, table in tables.items()}
 
 
@@ -142,16 +144,16 @@ def train_and_evaluate(spec: RunSpec, threads: int, out: Path) -> dict[str, Any]
     """Train one run (resuming a stopped one), evaluate its last checkpoint; figures and paths."""
     import torch
 
+    from mage.run import RunLayout, train
     from mage.settings import load_settings
     from mage.train import checkpoint as ckpt
-    from mage.train.loop import RunPaths, train
 
     torch.set_num_threads(threads)
     settings = load_settings(list(spec.overrides))
     started = time.perf_counter()
-    results = train(settings, resume=True, progress=False)
+    result = train(settings, progress=False)
     train_seconds = time.perf_counter() - started
-    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    latest = ckpt.latest_checkpoint(RunLayout.of(settings).checkpoints)
     if latest is None or latest.iteration != settings.train.iterations:
         raise RuntimeError(f"{spec.name}: no checkpoint of iteration {settings.train.iterations}")
     started = time.perf_counter()
@@ -159,9 +161,9 @@ def train_and_evaluate(spec: RunSpec, threads: int, out: Path) -> dict[str, Any]
     if spec.selection_meta_episodes:
         tables["selection"] = evaluate_tables(settings, latest, out / spec.name / "selection", SELECTION_SEED,
                                               spec.selection_meta_episodes, ("train",))["train"]
-    last = results[-1].metrics if results else {}
+    last = result.history[-1] if result.history else {}
     return {"spec": asdict(spec), "name": spec.name, "tables": tables, "train_seconds": train_seconds,
-            "eval_seconds": time.perf_counter() - started, "iterations_this_call": len(results),
+            "eval_seconds": time.perf_counter() - started, "iterations_this_call": len(result.iterations),
             "last_kl": last.get("train/kl"), "last_invalid_rate": last.get("rollout/invalid_rate")}
 
 
@@ -228,7 +230,7 @@ def warm_start(args: argparse.Namespace, game: str) -> dict[str, Any]:
     """The game's warm start (built once if not given), its population manifest, and its
     evaluation on the reported initial states."""
     from mage import io
-    from mage.models.policy import ensure_model
+    from mage.build import prepare_model
     from mage.population import seed_population, write_manifest
     from mage.settings import load_settings
 
@@ -240,12 +242,12 @@ def warm_start(args: argparse.Namespace, game: str) -> dict[str, Any]:
     earlier = json.loads(kept.read_text()) if kept.is_file() else {}
     same = earlier.get("overrides") == settings_key
     # where the pipeline seeds it: the build's own check reads it from there instead of
-    # computing the ceilings again (mage.models.build.population_manifest)
+    # computing the ceilings again (mage.build.preset.population_manifest)
     manifest = Path(settings.paths.population_manifest)
     if not (same and manifest.is_file()):
-        write_manifest(seed_population(settings.raw, progress=False), manifest)
+        write_manifest(seed_population(settings, progress=False), manifest)
     started = time.perf_counter()
-    model = ensure_model(settings, progress=False)
+    model = prepare_model(settings, progress=False)
     built = time.perf_counter() - started
     tables = earlier["tables"] if same else None
     if tables is None:

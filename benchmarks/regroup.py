@@ -37,7 +37,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mage.backends.hf import HFBackend
-    from mage.models.build import population_manifest, warm_start_check
+    from mage.build.preset import population_manifest, warm_start_check
     from mage.settings import load_settings
 
     torch.set_num_threads(args.threads)

@@ -36,34 +36,34 @@ MODES = ("batched", "sequential", "vllm")
 
 def build_random_model(directory: Path) -> None:
     """A tiny-preset-sized Qwen2 model with random weights and a tokenizer trained on game text."""
-    from mage.backends import SamplingSettings
-    from mage.backends.scripted import ScriptedBackend
-    from mage.config import compose
-    from mage.models.tiny import random_model, train_tokenizer
-    from mage.population import population_entries
-    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+    from dataclasses import replace
 
-    cfg = compose(["game=kuhn_poker"])
-    entries = [e for e in population_entries(cfg) if e.split == "train"]
-    engine = RolloutEngine(ScriptedBackend("random"), RolloutConfig(group_size=4), cfg.game.params)
-    table = engine.run(plan_meta_episodes(entries, 8, 4, seed=0), SamplingSettings(), progress=False)
+    from mage.backends.scripted import ScriptedBackend
+    from mage.build.tiny import SCRIPTED_SAMPLING, random_model, train_tokenizer
+    from mage.rollout import RolloutEngine, plan_meta_episodes
+    from mage.settings import load_settings
+
+    settings = load_settings(["game=kuhn_poker"])
+    entries = list(settings.population.train.values())
+    engine = RolloutEngine(ScriptedBackend("random"), replace(settings.engine, group_size=4), settings.game.params)
+    table = engine.run(plan_meta_episodes(entries, 8, 4, seed=0), SCRIPTED_SAMPLING, progress=False)
     tokenizer = train_tokenizer(table["prompt"].to_list() + table["response"].to_list(), vocab_size=4096)
     random_model(tokenizer).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 
 def worker(args: argparse.Namespace) -> None:
+    from dataclasses import replace
+
     import torch
 
-    from mage.backends import SamplingSettings
     from mage.backends.hf import HFBackend
-    from mage.config import compose
-    from mage.population import population_entries
-    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+    from mage.rollout import RolloutEngine, plan_meta_episodes
+    from mage.settings import load_settings
 
     torch.set_num_threads(args.threads)
-    cfg = compose(["game=kuhn_poker"])
-    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    settings = load_settings(["game=kuhn_poker"])
+    entries = list(settings.population.train.values())
     groups = args.metas // args.group_size
     specs = plan_meta_episodes(entries, groups, args.group_size, seed=args.seed)
     concurrency = 1 if args.worker == "sequential" else None
@@ -75,10 +75,10 @@ def worker(args: argparse.Namespace) -> None:
     else:
         backend = HFBackend(args.model_dir, batch_size=args.metas)
     start_seconds = time.perf_counter() - started
-    engine = RolloutEngine(
-        backend, RolloutConfig(group_size=args.group_size, episodes=args.episodes, concurrency=concurrency), cfg.game.params
-    )
-    sampling = SamplingSettings(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    rollout = replace(settings.engine, group_size=args.group_size, episodes=args.episodes, concurrency=concurrency)
+    engine = RolloutEngine(backend, rollout, settings.game.params)
+    sampling = replace(settings.engine.sampling, temperature=1.0, top_p=1.0, top_k=0,
+                       max_new_tokens=args.max_new_tokens, seed=args.seed)
     table = engine.run(specs, sampling, progress=False)
     stats = engine.last_stats
     print(json.dumps({

@@ -70,12 +70,13 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.train import train as train_flow
+    from mage.build import prepare_model
+    from mage.run import RunLayout
     from mage.settings import load_settings
-    from mage.train.loop import RunPaths, ensure_model
     from tasks import state as memory
 
     base = [*args.override, f"train.iterations={args.iterations}", "train.eval_every=0"]
-    model_path = args.model_path or ensure_model(load_settings(base))
+    model_path = args.model_path or prepare_model(load_settings(base))
     base.append(f"model.path={Path(model_path).resolve()}")
     work = Path(tempfile.mkdtemp(prefix="mage-bench-scale-"))
     seconds: dict[str, list[list[float]]] = {name: [] for name in chosen}
@@ -89,7 +90,7 @@ def main() -> None:
                 memory.forget()  # every configuration loads its model itself
                 started = time.time()
                 train_flow(overrides)
-                seconds[name].append(iteration_seconds(RunPaths.of(load_settings(overrides)).checkpoints, started))
+                seconds[name].append(iteration_seconds(RunLayout.of(load_settings(overrides)).checkpoints, started))
                 print(f"{name}: {', '.join(f'{s:.1f}' for s in seconds[name][-1])} s", flush=True)
 
     steady = {name: statistics.median(s for run in runs for s in run[1:]) for name, runs in seconds.items()}

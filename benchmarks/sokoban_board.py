@@ -5,7 +5,7 @@ Apart from the protocol: a fresh tiny model (``params/model/tiny.yaml``'s shape,
 play calls of scripted players on Sokoban's training levels: ``--steps`` steps on each
 prompt's last ``--context-tokens`` tokens (the board block, as the build's short phase), then
 ``--whole-steps`` on whole prompts (the build's second phase, batched by prompt), ``--rows``
-calls a step at a constant ``--learning-rate`` (the build's step, ``mage.models.build``).
+calls a step at a constant ``--learning-rate`` (the build's step, ``mage.build.preset``).
 Every ``--every`` steps it is scored on the optimal solver's play calls of other levels, both
 on their last ``--context-tokens`` tokens and on the whole prompt (what the policy sees when it
 plays): how often its most likely first move (of the four directions, after ``<action>``) is
@@ -54,11 +54,11 @@ CELLS, THOUGHT_END, FIRST_MOVE = (1, 2, 3, 5, 6, 7, 9, 10, 11), 12, 14
 
 
 def play_calls(spec: str | dict, meta_episodes: int, seed: int) -> pl.DataFrame:
-    from mage.config import compose
-    from mage.models.build import WARM_START_ROLLOUT
-    from mage.models.tiny import scripted_tables
+    from mage.build.preset import WARM_START_ROLLOUT
+    from mage.build.tiny import scripted_tables
+    from mage.settings import load_settings
 
-    table = scripted_tables(compose(["game=sokoban"]), [spec], meta_episodes, seed, False, WARM_START_ROLLOUT)
+    table = scripted_tables(load_settings(["game=sokoban"]), [spec], meta_episodes, seed, False, WARM_START_ROLLOUT)
     return table.filter(pl.col("phase") == "play")
 
 
@@ -136,7 +136,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mage.backends.chat import format_prompt
-    from mage.models.build import _bc_batches, _bc_step, fresh_model
+    from mage.build.preset import _bc_batches, _bc_step, fresh_model
     from mage.settings import load_settings
 
     torch.set_num_threads(args.threads)

@@ -41,10 +41,9 @@ SHAPES = {
 
 def preset_lora(shape: str):
     """The LoRA settings of the model preset ``params/model/<shape>.yaml``."""
-    from mage.config import compose
-    from mage.settings import Settings
+    from mage.settings import load_settings
 
-    return Settings.from_config(compose([f"model={shape}"])).model.lora
+    return load_settings([f"model={shape}"]).model.lora
 
 
 def save_random_model(shape: str, tokenizer_dir: Path, directory: Path, device: str, dtype: str) -> None:
@@ -66,18 +65,21 @@ def save_random_model(shape: str, tokenizer_dir: Path, directory: Path, device: 
 
 def measure(model_dir: Path, table, batching: str, checkpointing: bool, args: argparse.Namespace, lora) -> dict | None:
     """The metrics of one update, or None if it ran out of GPU memory."""
+    from dataclasses import replace
+
     import torch
 
-    from mage.algo import AlgoConfig
     from mage.models.policy import load_policy
-    from mage.train import TrainConfig
+    from mage.settings import load_settings
     from mage.train.trainer import PolicyTrainer
 
     torch.manual_seed(0)  # the same LoRA initialisation for every row of the table
     policy = load_policy(model_dir, dtype=args.dtype, device=args.device, lora=lora)
-    cfg = TrainConfig(mini_batch_size=args.mini_batch_size, batching=batching, micro_batch_tokens=args.micro_batch_tokens,
-                      micro_batch_rows=args.micro_batch_rows, gradient_checkpointing=checkpointing)
-    trainer = PolicyTrainer(policy, cfg, AlgoConfig())
+    defaults = load_settings()  # params/'s trainer and method, with this row's batching
+    cfg = replace(defaults.train, mini_batch_size=args.mini_batch_size, batching=batching,
+                  micro_batch_tokens=args.micro_batch_tokens, micro_batch_rows=args.micro_batch_rows,
+                  gradient_checkpointing=checkpointing)
+    trainer = PolicyTrainer(policy, cfg, defaults.algo)
     try:
         trainer.update(table.head(args.mini_batch_size), seed=1)  # warm-up: not measured
         metrics = trainer.update(table, seed=0)

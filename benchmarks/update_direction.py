@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +41,9 @@ import polars as pl
 import torch
 
 from mage import io
-from mage.algo import AlgoConfig
 from mage.models.policy import Policy, load_policy
+from mage.settings import load_settings
 from mage.train import checkpoint as ckpt
-from mage.train.config import TrainConfig
 from mage.train.trainer import PolicyTrainer
 
 POSITIVE, NEGATIVE = 0.5, -0.5
@@ -60,7 +60,8 @@ def policy_at(weights: str | Path, base: str) -> Policy:
 def response_logprobs(policy: Policy, table: pl.DataFrame, temperature: float = 1.0) -> np.ndarray:
     """Each row's summed log-probability of its response tokens under ``policy`` at the
     rollouts' sampling temperature (the trainer's own teacher-forced scoring)."""
-    trainer = PolicyTrainer(policy, TrainConfig(), AlgoConfig(kl_coef=0.0), temperature=temperature)
+    defaults = load_settings()  # params/'s micro-batching; no reference policy: only log p is read
+    trainer = PolicyTrainer(policy, defaults.train, replace(defaults.algo, kl_coef=0.0), temperature=temperature)
     return np.array([sum(row) for row in trainer.logprobs(table)])
 
 

@@ -1,17 +1,15 @@
-"""What every flow shares: settings from overrides, the task runner, task options, logging."""
+"""What every flow shares: settings from overrides, the task runner, logging."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 from prefect import get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
-from mage.settings import FlowConfig, Settings, load_settings
-from tasks.caching import backoff
+from mage.sections import FlowConfig
+from mage.settings import Settings, load_settings
 
 
 def settings_for(overrides: Sequence[str] | None, config_file: str | None) -> Settings:
@@ -56,73 +54,6 @@ def shard_workers(settings: Settings, runner: TaskRunner, shards: int) -> Iterat
             return
         with ThreadPoolTaskRunner(max_workers=len(actors)) as dispatcher:
             yield dispatcher
-
-
-@contextlib.contextmanager
-def shard_options(flow_cfg: FlowConfig) -> Iterator[None]:
-    """Tasks submitted inside to the Ray runner take a shard's resources (``flow.ray``); other runners ignore this."""
-    if flow_cfg.runner != "ray":
-        yield
-        return
-    from flows.ray_cluster import shard_resources
-
-    with shard_resources(flow_cfg):
-        yield
-
-
-def configured(task: Any, flow_cfg: FlowConfig) -> Any:
-    """``task`` with the retries of ``params/flow`` (exponential backoff)."""
-    return task.with_options(retries=flow_cfg.retries,
-                             retry_delay_seconds=backoff(flow_cfg.retry_delay_seconds, flow_cfg.retries))
-
-
-def artifact_key(*parts: str) -> str:
-    """Prefect artifact keys allow lower-case letters, digits and dashes only."""
-    text = "-".join(parts).lower()
-    return "".join(c if c.isalnum() else "-" for c in text).strip("-")
-
-
-def describe_iteration(metrics: Mapping[str, Any]) -> str:
-    """One log line per iteration: what a researcher watches while training runs."""
-    opponents = sorted({key.split("/")[1] for key in metrics if key.startswith("rollout/") and key.count("/") == 2
-                        and key.endswith("final_win_rate")} - {"all"})
-    per_opponent = ", ".join(f"{o} {metrics[f'rollout/{o}/final_win_rate']:.2f}" for o in opponents)
-    return (
-        f"iteration {metrics['iteration']}: final-episode return {metrics.get('rollout/all/final_mean_return', float('nan')):+.2f}, "
-        f"win rate {metrics.get('rollout/all/final_win_rate', float('nan')):.2f} ({per_opponent}); "
-        f"invalid {metrics.get('rollout/invalid_rate', float('nan')):.3f}; loss {metrics.get('train/loss', float('nan')):+.4f}, "
-        f"KL {metrics.get('train/kl', float('nan')):.4f}; rollout {metrics.get('rollout/meta_episodes_per_second', 0):.1f} "
-        f"meta-episodes/s, update {metrics.get('train/tokens_per_second', 0):.0f} tokens/s"
-    )
-
-
-TABLE_COLUMNS = (
-    ("iteration", "iteration"),
-    ("rollout/all/final_mean_return", "final return"),
-    ("rollout/all/final_win_rate", "final win rate"),
-    ("rollout/all/return_gain", "return gain"),
-    ("rollout/invalid_rate", "invalid rate"),
-    ("train/loss", "loss"),
-    ("train/kl", "KL"),
-    ("train/entropy", "entropy"),
-    ("rollout/meta_episodes_per_second", "meta-episodes/s"),
-    ("train/tokens_per_second", "train tokens/s"),
-)
-
-
-def publish_training_table(run_name: str, history: Sequence[Mapping[str, Any]]) -> None:
-    """The per-iteration metrics as a table artifact (the UI's Artifacts tab)."""
-    rows = [{label: _rounded(m.get(key)) for key, label in TABLE_COLUMNS} for m in history]
-    create_table_artifact(table=rows, key=artifact_key(run_name, "training"),
-                          description=f"Training metrics of {run_name}, one row per iteration")
-
-
-def publish_markdown(key: str, markdown: str, description: str) -> None:
-    create_markdown_artifact(markdown=markdown, key=artifact_key(key), description=description)
-
-
-def _rounded(value: Any) -> Any:
-    return round(value, 4) if isinstance(value, float) else value
 
 
 def logger():

@@ -9,77 +9,45 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import (
-    configured,
-    local_timezone,
-    logger,
-    make_runner,
-    publish_markdown,
-    settings_for,
-    shard_options,
-    shard_workers,
-)
+from flows.common import local_timezone, logger, make_runner, settings_for, shard_workers
 from mage import io
+from mage.evaluation import recorded_policy, same_policy, same_sampling
+from mage.run.layout import RunLayout, evaluation_dir
+from mage.sections import SPLITS, splits_of
 from mage.settings import Settings
-from mage.train import checkpoint as ckpt
-from mage.train.loop import RunPaths
-from tasks.evaluation import (
-    default_evaluation_dir,
-    evaluate_checkpoint,
-    recorded_checkpoint,
-    recorded_policy,
-    same_policy,
-    same_sampling,
-    write_report,
-)
+from tasks.artifacts import publish_markdown
+from tasks.caching import configured
+from tasks.evaluation import evaluate_checkpoint, recorded_checkpoint, write_report
 from tasks.model import prepare_model
 from tasks.population import seed_population
+from tasks.ray_workers import shard_options
 from tasks.refs import FileRef
-
-SPLITS = {"all": ("train", "held_out"), "train": ("train",), "held_out": ("held_out",)}
 
 
 def checkpoint_ref(settings: Settings, checkpoint: str | None, run: str | None = None) -> FileRef | None:
     """An explicit checkpoint directory, else the final one of run ``run`` (default: the
-    configured ``run.name``; what the train flow last wrote, in ``final.json``), else that
-    run's latest, else None (the base model)."""
+    configured ``run.name``; :meth:`RunLayout.final_checkpoint`), else None (the base model)."""
     if checkpoint:
         return FileRef.of(checkpoint, "checkpoint")
-    paths = RunPaths.of(settings) if run is None else RunPaths(RunPaths.of(settings).root.parent / run)
-    final = paths.root / "final.json"
-    if final.is_file():
-        try:
-            recorded = io.read_json(final)["checkpoint"]
-        except (io.CorruptFileError, KeyError, TypeError) as error:  # the latest checkpoint stands in for it
-            logger().warning(f"{final}: unreadable ({error}); evaluating the run's latest complete checkpoint instead")
-            recorded = None
-        # Relative to the run's directory; files written before that hold the path as the run
-        # was given it (absolute, or relative to the working directory).
-        candidates = [paths.root / recorded, Path(recorded)] if isinstance(recorded, str) and recorded else []
-        found = next((path for path in candidates if path.is_dir()), None)
-        if found:  # the run's final checkpoint, damaged or not: no stand-in
-            return FileRef.of(str(found), "checkpoint")
-        if candidates:
-            logger().warning(f"{final}: its checkpoint {recorded} is gone; evaluating the run's latest complete "
-                             "checkpoint instead")
-    latest = ckpt.latest_checkpoint(paths.checkpoints)
-    return FileRef.of(latest.path, "checkpoint") if latest else None
+    found = RunLayout.of(settings, run).final_checkpoint()
+    return FileRef.of(str(found), "checkpoint") if found is not None else None
 
 
 def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...], out_dir: Path) -> dict[str, FileRef]:
     """Evaluation tables of ``checkpoint`` against every split, written into ``out_dir``."""
-    config, flow_cfg = settings.raw, settings.flow
-    model = configured(prepare_model, flow_cfg)(config)
+    flow_cfg = settings.flow
+    model = configured(prepare_model, flow_cfg)(settings)
     evaluate_split = configured(evaluate_checkpoint, flow_cfg)
     if flow_cfg.runner == "ray":  # one task per split, side by side on the cluster
         with make_runner(flow_cfg) as runner, shard_workers(settings, runner, 0) as split_runner, \
                 shard_options(flow_cfg):
-            futures = {split: split_runner.submit(evaluate_split, {"config": config, "model": model, "checkpoint": checkpoint,
-                                                             "split": split, "out_dir": str(out_dir)})
+            futures = {split: split_runner.submit(evaluate_split, {"settings": settings, "model": model,
+                                                                   "checkpoint": checkpoint, "split": split,
+                                                                   "out_dir": str(out_dir)})
                        for split in splits}
             results = {split: future.result() for split, future in futures.items()}
     else:  # in this process, one after the other (a vLLM engine is one per process)
-        results = {split: evaluate_split(config, model, checkpoint, split, str(out_dir)) for split in splits}
+        results = {split: evaluate_split(settings, model, checkpoint, split, str(out_dir)) for split in splits}
     tables = {}
     for split, result in results.items():
         tables[split] = result["table"]
@@ -91,7 +59,7 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
 
 def tables_in(directory: Path) -> dict[str, FileRef]:
     """The evaluation tables (``train.parquet``, ``held_out.parquet``) that ``directory`` holds."""
-    return {split: FileRef.of(directory / f"{split}.parquet") for split in ("train", "held_out")
+    return {split: FileRef.of(directory / f"{split}.parquet") for split in SPLITS
             if (directory / f"{split}.parquet").is_file()}
 
 
@@ -101,11 +69,11 @@ def report_on(settings: Settings, tables: dict[str, FileRef], checkpoint: FileRe
     """Write the report of evaluation ``tables`` (beside the starting policy's ``start_tables``;
     ``policy`` and ``compared_with`` as in :func:`tasks.evaluation.write_report`) into
     ``out_dir``; publish it as a Markdown artifact."""
-    config, flow_cfg = settings.raw, settings.flow
-    manifest = configured(seed_population, flow_cfg)(config)
-    history = RunPaths.of(settings).metrics
+    flow_cfg = settings.flow
+    manifest = configured(seed_population, flow_cfg)(settings)
+    history = RunLayout.of(settings).metrics
     report = configured(write_report, flow_cfg)(
-        config, manifest, tables, checkpoint, str(out_dir), FileRef.of(history) if history.is_file() else None,
+        settings, manifest, tables, checkpoint, str(out_dir), FileRef.of(history) if history.is_file() else None,
         start_tables or None, policy, compared_with,
     )
     markdown = report["files"]["markdown"].resolve().read_text()
@@ -124,7 +92,7 @@ def evaluate_and_report(settings: Settings, checkpoint: FileRef | None, splits: 
                         title: str) -> dict[str, Any]:
     """Play ``checkpoint`` and, for the comparison, the starting policy on the same initial states; report."""
     tables = play(settings, checkpoint, splits, out_dir)
-    start = None if checkpoint is None else play(settings, None, splits, default_evaluation_dir(settings, None))
+    start = None if checkpoint is None else play(settings, None, splits, evaluation_dir(settings, None))
     return report_on(settings, tables, checkpoint, out_dir, title, start)
 
 
@@ -139,16 +107,14 @@ def evaluate(overrides: list[str] | None = None, config_file: str | None = None,
     ``paths.evaluations/<run>/<checkpoint>``, or ``paths.start_evaluation``) and, with
     ``report``, the report beside them, with a checkpoint compared to the starting policy."""
     settings = settings_for(overrides, config_file)
-    split = split or settings.eval.split
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+    splits = splits_of(split or settings.eval.split)
     if start and checkpoint:
         raise ValueError("give a checkpoint or start=True (the starting policy), not both")
     ref = None if start else checkpoint_ref(settings, checkpoint)
-    directory = Path(out_dir) if out_dir else default_evaluation_dir(settings, ref)
+    directory = Path(out_dir) if out_dir else evaluation_dir(settings, ref.path if ref else None)
     if not report:
-        return {"directory": str(directory), "tables": play(settings, ref, SPLITS[split], directory)}
-    return evaluate_and_report(settings, ref, SPLITS[split], directory, f"{settings.run_name}-evaluation")
+        return {"directory": str(directory), "tables": play(settings, ref, splits, directory)}
+    return evaluate_and_report(settings, ref, splits, directory, f"{settings.run_name}-evaluation")
 
 
 @flow(name="report")
@@ -162,11 +128,11 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
     report of the run's final checkpoint against its starting policy updates ``paths.metrics``."""
     settings = settings_for(overrides, config_file)
     final = checkpoint_ref(settings, None)
-    source = Path(evaluation_dir) if evaluation_dir else default_evaluation_dir(settings, final)
+    source = Path(evaluation_dir) if evaluation_dir else evaluation_dir(settings, final.path if final else None)
     tables = tables_in(source)
     if not tables:
         raise FileNotFoundError(f"no evaluation table (train.parquet, held_out.parquet) in {source}")
-    recorded = recorded_policy(tables)
+    recorded = recorded_policy({split: ref.path for split, ref in tables.items()})
     # the policy that played the tables, where they record it; else the run's final checkpoint
     ref = recorded_checkpoint(recorded) if recorded is not None else final
     if recorded is None:
@@ -193,7 +159,7 @@ def start_for(settings: Settings, tables: dict[str, FileRef], recorded: dict[str
               start_dir: str | None, paired: bool) -> tuple[dict[str, FileRef], str | None]:
     """The tables to pair ``tables`` with (from ``start_dir``, default the starting policy's),
     checked against them, and the checkpoint they are of when not the starting policy's."""
-    start_source = Path(start_dir) if start_dir else default_evaluation_dir(settings, None)
+    start_source = Path(start_dir) if start_dir else evaluation_dir(settings, None)
     start = tables_in(start_source)
     if start_dir and set(start) != set(tables):
         raise FileNotFoundError(f"{start_dir} holds {sorted(start) or 'no'} evaluation tables, the report needs "
@@ -203,7 +169,7 @@ def start_for(settings: Settings, tables: dict[str, FileRef], recorded: dict[str
             logger().warning(f"{source} holds the starting policy's own tables: the report pairs them with nothing, "
                              f"and {start_dir} is not used")
         return {}, None
-    start_recorded = recorded_policy(start)
+    start_recorded = recorded_policy({split: ref.path for split, ref in start.items()})
     if (recorded is None) != (start_recorded is None):
         logger().warning(f"{source if recorded is None else start_source}: its tables record no policy, so the "
                          "report cannot check that both sides were played at the same sampling")
@@ -229,12 +195,12 @@ def nightly_evaluation(overrides: list[str] | None = None, config_file: str | No
 
     settings = settings_for(overrides, config_file)
     run = run or settings.flow.nightly_run or settings.run_name
+    runs = RunLayout.of(settings).root.parent
     if not run or "/" in run or "\\" in run or run in (".", ".."):
-        raise ValueError(f"run must be the plain name of a run under {RunPaths.of(settings).root.parent}, got {run!r}")
+        raise ValueError(f"run must be the plain name of a run under {runs}, got {run!r}")
     ref = checkpoint_ref(settings, None, run)
     if ref is None:
-        logger().warning(f"run {run} has no checkpoint under {RunPaths.of(settings).root.parent / run}: "
-                         "evaluating the base model")
+        logger().warning(f"run {run} has no checkpoint under {runs / run}: evaluating the base model")
     from zoneinfo import ZoneInfo
 
     zone = ZoneInfo(settings.flow.timezone or local_timezone())

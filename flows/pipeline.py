@@ -29,8 +29,7 @@ def pipeline(overrides: list[str] | None = None, config_file: str | None = None)
     prepare_model(overrides, config_file)
     trained = train(overrides, config_file)
     checkpoint = trained["checkpoint"]
-    played = evaluate(overrides, config_file, checkpoint=checkpoint.path if checkpoint else None, split="all",
-                      report=False)
+    played = evaluate(overrides, config_file, checkpoint=checkpoint, split="all", report=False)
     start = evaluate(overrides, config_file, start=True, split="all", report=False)
     written = report(overrides, config_file, evaluation_dir=played["directory"], start_dir=start["directory"])
     logger().info(f"run {settings.run_name} done; report: {written['files']['markdown'].path}")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.common import configured, logger, settings_for
+from flows.common import logger, settings_for
 from mage import io
+from tasks.caching import configured
 from tasks.model import prepare_model as prepare_model_task
 from tasks.refs import FileRef
 
@@ -17,7 +18,7 @@ def prepare_model(overrides: list[str] | None = None, config_file: str | None = 
     """Build the ``tiny`` preset (tokenizer, seeded Qwen2-architecture model, behaviour-cloning
     warm start) or fetch a hub model into ``model.local_dir``; reference its directory."""
     settings = settings_for(overrides, config_file)
-    model = configured(prepare_model_task, settings.flow)(settings.raw)
+    model = configured(prepare_model_task, settings.flow)(settings)
     preset = Path(model.path) / "preset.json"
     if preset.is_file():  # the tiny preset describes how its warm start plays
         remedy = f"delete {model.path} and re-run prepare_model: the preset is rebuilt"

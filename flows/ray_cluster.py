@@ -20,7 +20,8 @@ from typing import Any
 
 from prefect_ray import RayTaskRunner
 
-from mage.settings import FlowConfig, Settings
+from mage.sections import FlowConfig
+from mage.settings import Settings
 
 
 class ClusterError(RuntimeError):
@@ -174,19 +175,6 @@ def check_room(cfg: Any, shards: int) -> None:
 
 
 @contextlib.contextmanager
-def shard_resources(flow_cfg: FlowConfig) -> Iterator[None]:
-    """Ray resources of the shard tasks submitted inside (each builds its engine). An error
-    a task raises is retried by Prefect, with its cache and its log. A task whose process or
-    node died took Prefect's task engine with it, so Ray runs it again (``max_retries``, the
-    same ``flow.retries``; Ray retries no raised error: ``retry_exceptions`` stays off)."""
-    from prefect_ray.context import remote_options
-
-    with remote_options(num_cpus=flow_cfg.ray.shard_cpus, num_gpus=flow_cfg.ray.shard_gpus,
-                        max_retries=flow_cfg.retries, retry_exceptions=False):
-        yield
-
-
-@contextlib.contextmanager
 def rollout_workers(settings: Settings, shards: int) -> Iterator[list[Any]]:
     """The run's rollout worker actors, one per shard, created once and killed when the flow
     ends however it ends (a driver that dies takes them with it: they are not detached)."""
@@ -201,7 +189,7 @@ def rollout_workers(settings: Settings, shards: int) -> Iterator[list[Any]]:
         for shard in range(shards):
             handles.append(actor.options(name=actor_name(settings.run_name, shard), namespace=NAMESPACE,
                                          num_cpus=cfg.shard_cpus, num_gpus=cfg.shard_gpus,
-                                         max_restarts=cfg.worker_restarts, max_task_retries=0).remote(settings.raw))
+                                         max_restarts=cfg.worker_restarts, max_task_retries=0).remote(settings))
         yield handles
     finally:
         for handle in handles:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import configured, logger, settings_for
+from flows.common import logger, settings_for
 from mage.population import load_manifest
+from tasks.caching import configured
 from tasks.population import seed_population as seed_population_task
 from tasks.refs import FileRef
 
@@ -15,7 +16,7 @@ def seed_population(overrides: list[str] | None = None, config_file: str | None 
     """Write the population manifest: every opponent of ``params/population/<game>`` with its
     split, share and ceilings (best-response return, win probability of an omniscient player)."""
     settings = settings_for(overrides, config_file)
-    manifest = configured(seed_population_task, settings.flow)(settings.raw)
+    manifest = configured(seed_population_task, settings.flow)(settings)
     for opponent in load_manifest(manifest.resolve())["opponents"]:
         mean = opponent["ceilings"]["mean"]
         logger().info(

@@ -71,37 +71,3 @@ def _sources(directory: Path, config_name: str, choices: dict) -> dict[str, str]
 def dump(overrides: Sequence[str] = ()) -> str:
     """The composed config as YAML: what DVC's Hydra composition writes to ``params.yaml``."""
     return OmegaConf.to_yaml(compose(overrides))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mage.config [--output FILE] [overrides ...]``: print or write the composed
-    config, validated exactly as the flows validate it (a bad value is a one-line
-    ``config error:`` and exit status 2, and nothing is written).
-
-    ``python -m mage.config --output params.yaml`` regenerates the committed ``params.yaml``
-    (``dvc exp run`` composes it the same way, with its ``-S`` overrides)."""
-    import argparse
-    import sys
-
-    from mage import io
-    from mage.settings import Settings, SettingsError, load_settings
-
-    parser = argparse.ArgumentParser(prog="python -m mage.config", description=main.__doc__)
-    parser.add_argument("--output", help="write here (atomically) instead of printing")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        settings: Settings = load_settings(args.overrides)
-    except SettingsError as error:
-        print(f"config error: {error}", file=sys.stderr)
-        return 2
-    text = OmegaConf.to_yaml(OmegaConf.create(settings.raw))
-    if args.output:
-        io.write_text(args.output, text)
-    else:
-        print(text, end="")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,6 +7,8 @@ POSIX file systems when source and target are in the same directory.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
 import re
@@ -14,6 +16,23 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's content, memoised per (path, size, mtime): re-checking a
+    multi-GB model or checkpoint on every cache lookup would cost seconds, and a rewritten
+    file has a new mtime."""
+    stat = Path(path).stat()
+    return _sha256_of(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager

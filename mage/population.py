@@ -8,40 +8,24 @@ give equal bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from mage import __version__, ceilings, io
-from mage.games import Game, checked_game, make_game
-from mage.opponents import Opponent, make
+from mage.games import Game, checked_game
+from mage.opponents import opponent_for
+from mage.sections import SPLITS, PopulationEntry
 
-SPLITS = ("train", "held_out")
+if TYPE_CHECKING:
+    from mage.settings import Settings
+
 MANIFEST_SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class PopulationEntry:
-    """One counterpart of a population: an opponent rule (or, for Sokoban, a level setting)."""
-
-    id: str
-    game: str
-    opponent: str
-    split: str
-    share: float = 0.0
-    params: Mapping[str, Any] = field(default_factory=dict)
-    game_params: Mapping[str, Any] = field(default_factory=dict)
-
-    def make_opponent(self) -> Opponent | None:
-        return make(self.game, self.opponent, **self.params)
-
-    def make_game(self, base_params: Mapping[str, Any] | None = None) -> Game:
-        """The game with the population's base parameters and this entry's overrides."""
-        return make_game(self.game, **{**(base_params or {}), **self.game_params})
 
 
 def _plain(value: Any) -> Any:
@@ -61,6 +45,9 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
     for split in SPLITS:
         for entry_id, raw in (_plain(population.get(split)) or {}).items():
             where = f"population.{split}.{entry_id}"
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{where}: must be a mapping with an opponent (and share, params, game_params), "
+                                 f"got {raw!r}")
             unknown = set(raw) - {"opponent", "share", "params", "game_params"}
             if unknown:
                 raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: opponent, share, params, game_params")
@@ -69,21 +56,20 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
             if entry_id in seen:
                 raise ValueError(f"{where}: id {entry_id!r} is used twice")
             seen.add(entry_id)
-            share = float(raw.get("share", 0.0))
+            share = raw.get("share", 0.0)
+            if split == "train" and not (isinstance(share, (int, float)) and not isinstance(share, bool)):
+                raise ValueError(f"{where}.share must be a number > 0, got {share!r}")
             if split == "train" and share <= 0:
                 raise ValueError(f"{where}.share must be > 0, got {share}")
-            entry = PopulationEntry(
-                id=entry_id,
-                game=game_name,
-                opponent=raw["opponent"],
-                split=split,
-                share=share,
-                params=dict(raw.get("params") or {}),
-                game_params=dict(raw.get("game_params") or {}),
-            )
             try:
-                entry.make_opponent()
-            except ValueError as error:
+                entry = PopulationEntry(id=entry_id, game=game_name, opponent=raw["opponent"], split=split, share=share,
+                                        params=dict(raw.get("params") or {}),
+                                        game_params=dict(raw.get("game_params") or {}))
+                opponent_for(entry)
+            except ValidationError as error:
+                first = error.errors()[0]
+                raise ValueError(f"{where}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            except (TypeError, ValueError) as error:
                 raise ValueError(f"{where}: {error}") from None
             if entry.game_params:
                 # a level setting that cannot be right (Sokoban's num_boxes, levels) is named
@@ -104,7 +90,7 @@ def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, 
         success = ceilings.single_player_ceiling(game, n_games, seed)
         best = ceilings.single_player_return_ceiling(game, success, n_games, seed)
         return {"max_win_probability": success.to_dict(), "best_response_return": best.to_dict()}
-    opponent = entry.make_opponent()
+    opponent = opponent_for(entry)
     figures = ceilings.opponent_ceilings(game.openspiel_game, opponent, seat, n_games=n_games, seed=seed)
     payoff = figures["best_response_payoff"]
     return {
@@ -114,30 +100,16 @@ def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, 
     }
 
 
-def seating(cfg: DictConfig | Mapping[str, Any]) -> tuple[float, int]:
-    """``(seat_split, num_seats)`` for planning meta-episodes on ``cfg.game``.
-
-    The number of seats is the game's number of players (Sokoban has one, so every
-    meta-episode takes seat 0); ``population.seat_split`` is the share played from seat 1.
-    """
-    game = make_game(cfg["game"]["name"], **(_plain(cfg["game"].get("params")) or {}))
-    return float(cfg["population"]["seat_split"]), int(game.num_players)
-
-
-def seed_population(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
+def seed_population(settings: Settings, progress: bool = True) -> dict[str, Any]:
     """Build the population manifest: every entry with its ceilings per seat."""
-    entries = population_entries(cfg)
-    base_params = _plain(cfg["game"]["params"]) or {}
-    population = cfg["population"]
-    seat_split = float(population["seat_split"])
-    n_games = int(population["ceilings"]["n_games"])
-    seed = int(population["ceilings"]["seed"])
+    population, base_params = settings.population, settings.game.params
+    seat_split, n_games, seed = population.seat_split, population.ceilings.n_games, population.ceilings.seed
     records = []
-    for entry in tqdm(entries, desc="ceilings", unit="opponent", disable=not progress):
+    for entry in tqdm(population.entries, desc="ceilings", unit="opponent", disable=not progress):
         game = entry.make_game(base_params)
         seats = range(game.num_players)
         per_seat = {f"seat_{s}": _seat_ceilings(entry, game, s, n_games, seed) for s in seats}
-        opponent = entry.make_opponent()
+        opponent = opponent_for(entry)
         record = asdict(entry) | {
             "description": opponent.description if opponent else f"level setting {dict(entry.game_params)}",
             "deterministic": opponent.deterministic if opponent else True,
@@ -148,7 +120,7 @@ def seed_population(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     return {
         "schema_version": MANIFEST_SCHEMA_VERSION,
         "mage_version": __version__,
-        "game": cfg["game"]["name"],
+        "game": settings.game.name,
         "game_params": base_params,
         "seat_split": seat_split if len(seats) > 1 else 0.0,
         "opponents": records,
@@ -178,21 +150,3 @@ def load_manifest(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def manifest_entries(manifest: Mapping[str, Any], split: str | None = None) -> Iterable[Mapping[str, Any]]:
-    return [o for o in manifest["opponents"] if split is None or o["split"] == split]
-
-
-def main(argv: list[str] | None = None) -> Path:
-    """``python -m mage.population [hydra overrides]``: seed and write the manifest."""
-    import sys
-
-    from mage.config import compose
-
-    cfg = compose(sys.argv[1:] if argv is None else argv)
-    path = write_manifest(seed_population(cfg), cfg.paths.population_manifest)
-    print(f"population manifest: {path}")
-    return path
-
-
-if __name__ == "__main__":
-    main()

@@ -1,144 +1,142 @@
-"""The typed sections of ``params/`` that no library module owns: the model preset and its
-local build, the engine's backends, the game, the population, the flows, the paths and
-the run. (Sampling, rollout, algorithm, training and evaluation settings live beside the
-code that reads them.)
+"""Every typed section of ``params/``, in one place: the game, the population, the engine
+and its sampling, the model and its LoRA and tiny build, the algorithm, the trainer, the
+evaluation, the flows, the paths and the run.
 
 Every section is a pydantic dataclass: types and ranges are checked on construction, fixed
-choices are ``Literal``s, and cross-field rules raise in ``__post_init__``. A value that
-cannot be right never reaches the code that would use it.
+choices are ``Literal``\\ s, and rules between the fields of one section raise in
+``__post_init__`` (rules between sections: :mod:`mage.settings`). No field has a default
+here: every default lives in ``params/``, and :func:`mage.settings.build` requires every key,
+so a value cannot differ between the YAML and the code. (The keys of a population entry
+are the exception: an entry without ``params`` has none.)
+
+This module sits on the ground floor: the library's other modules import their settings
+from here, and it imports only the games and the reply protocol.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import re
-from dataclasses import field
-from functools import cached_property
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass as validated_dataclass
 
-from mage.backends.base import SamplingSettings
-from mage.rollout.engine import RolloutConfig
-from mage.train.config import LoraSettings
+from mage.games import GAMES, Game, checked_game, make_game
+from mage.protocol import PHASE_STOP_STRINGS, STOP_STRINGS
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+NonNegative = Annotated[float, Field(ge=0)]
 Share = Annotated[float, Field(ge=0, le=1)]
+Discount = Annotated[float, Field(ge=0, le=1)]
+AdamBeta = Annotated[float, Field(ge=0, lt=1)]
+
+#: The two sets of opponents: trained against, and held out for evaluation.
+SplitName = Literal["train", "held_out"]
+SPLITS: tuple[str, ...] = get_args(SplitName)
+#: What an evaluation plays: one split, or both (``all``).
+Split = Literal[SplitName, "all"]
+
+
+def splits_of(split: str) -> tuple[str, ...]:
+    """The splits an evaluation of ``split`` plays (``all``: both)."""
+    if split not in get_args(Split):
+        raise ValueError(f"split must be one of {list(get_args(Split))}, got {split!r}")
+    return SPLITS if split == "all" else (split,)
+
+
+# -- sampling -------------------------------------------------------------------------------
+@validated_dataclass(frozen=True)
+class SamplingSettings:
+    """How replies are sampled (``engine.sampling``, ``eval.sampling``); ``top_k`` 0 and
+    ``top_p`` 1.0 switch those filters off.
+
+    ``stop`` None ends each reply at its phase's closing tag (:data:`mage.protocol.PHASE_STOP_STRINGS`);
+    a tuple replaces that for every phase (``()``: no stop string)."""
+
+    temperature: Annotated[float, Field(ge=0, le=100)]
+    top_p: Annotated[float, Field(gt=0, le=1)]
+    top_k: NonNegativeInt
+    # 131072: the longest context of a Qwen-class model; a reply cannot be longer
+    max_new_tokens: Annotated[int, Field(ge=1, le=131072)]
+    stop: tuple[str, ...] | None
+    seed: NonNegativeInt | None
+
+    def stop_for(self, phase: str) -> tuple[str, ...]:
+        """The stop strings of a ``phase`` reply."""
+        return PHASE_STOP_STRINGS.get(phase, STOP_STRINGS) if self.stop is None else self.stop
+
+
+# -- the engine -----------------------------------------------------------------------------
+ContextMode = Literal["reflection_only", "history_only", "history_and_reflection"]
+OverflowRule = Literal["error", "drop_oldest"]
+CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
+OVERFLOW_RULES: tuple[str, ...] = get_args(OverflowRule)
 
 
 @validated_dataclass(frozen=True)
-class TinyBuild:
-    """How the local ``tiny`` preset is built (tokenizer, architecture, behaviour cloning).
+class RolloutConfig:
+    """How meta-episodes are played: the engine's keys of ``params/engine`` (an
+    :class:`EngineConfig` is one), or a rollout of its own (the warm start's, an evaluation's)."""
 
-    The behaviour-cloning settings are chosen per game (``params/model_game/tiny/<game>.yaml``)."""
+    episodes: Annotated[int, Field(ge=1, le=100)]  # N episodes per meta-episode
+    group_size: Annotated[int, Field(ge=1, le=1024)]  # meta-episodes per group (same seed, seat and opponent)
+    early_stop: bool  # a won episode ends the meta-episode
+    context_mode: ContextMode
+    same_initial_state: bool
+    max_prompt_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None
+    prompt_overflow: OverflowRule
+    concurrency: PositiveInt | None  # live meta-episodes stepped together; None: all
 
-    vocab_size: Annotated[int, Field(ge=512, le=1_000_000)] = 4096
-    hidden_size: Annotated[int, Field(ge=8, le=16384)] = 128
-    num_layers: Annotated[int, Field(ge=1, le=256)] = 4
-    num_heads: PositiveInt = 4
-    num_kv_heads: PositiveInt = 4
-    intermediate_size: PositiveInt = 384
-    max_position_embeddings: Annotated[int, Field(ge=64, le=1_048_576)] = 4096
-    seed: NonNegativeInt = 0
-    corpus_meta_episodes: PositiveInt = 256  # scripted meta-episodes per game for the tokenizer corpus
-    # scripted players the warm start imitates: names or {rule: name, **params} (mage.backends.scripted)
-    bc_rules: tuple[str | dict[str, Any], ...] = ("random",)
-    bc_meta_episodes: PositiveInt = 512
-    bc_short_steps: NonNegativeInt = 0  # first phase: prompts cut to their last bc_context_tokens tokens
-    # of the short steps, the first this share: play calls only (a reflection's tokens outnumber a move's)
-    bc_moves_only_share: Annotated[float, Field(ge=0, le=1)] = 0.0
-    bc_short_batch_rows: PositiveInt = 64
-    bc_context_tokens: PositiveInt = 64
-    bc_steps: NonNegativeInt = 270  # second phase: whole prompts
-    bc_batch_rows: PositiveInt = 32
-    bc_batches_by_prompt: bool = False  # whole-prompt batches cut in prompt order (shared prefixes)
-    # of every batch's calls: reflections, over-sampled; None: as they come
-    bc_reflection_share: Annotated[float, Field(gt=0, lt=1)] | None = None
-    bc_learning_rate: Annotated[float, Field(gt=0, le=1)] = 1e-3
-    # of all steps, the first this share at bc_learning_rate; then a linear decay to a tenth
-    bc_constant_lr_share: Annotated[float, Field(ge=0, le=1)] = 0.0
-    # preset.json's description of the warm start: evaluation-style rollouts per opponent
-    check_meta_episodes: PositiveInt = 64  # per split
-    check_episodes: Annotated[int, Field(ge=1, le=100)] = 3
-    check_seed: NonNegativeInt = 1234
-    check_sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(0.7, 0.8, 20, 128))
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"num_heads must divide hidden_size ({self.hidden_size}), got {self.num_heads}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads must divide num_heads ({self.num_heads}), got {self.num_kv_heads}")
-        if not self.bc_rules:
-            raise ValueError("bc_rules must name at least one scripted player")
-
-
-DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-
-
-@validated_dataclass(frozen=True)
-class ModelConfig:
-    """A model preset (``params/model``): where the weights come from and how they train."""
-
-    name: Annotated[str, Field(min_length=1)]
-    path: Annotated[str, Field(min_length=1)]  # a hub id or a local directory (the tiny preset: where it is built)
-    build: Literal["tiny"] | None = None  # tiny: built locally by mage.models.tiny; None: loaded as is
-    local_dir: str | None = None  # a hub model is fetched here (DVC versions it); None: the hub cache
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = "auto"  # auto | cpu | mps | cuda | cuda:N
-    chat: bool = True
-    enable_thinking: bool | None = None
-    lora: LoraSettings | None = None
-    tiny: TinyBuild | None = None
-
-    def __post_init__(self) -> None:
-        if not DEVICE.fullmatch(self.device):
-            raise ValueError(f"device must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}")
-        if self.build == "tiny" and self.tiny is None:
-            raise ValueError("build: tiny needs a `tiny` section (how to build it)")
+    @property
+    def reflects(self) -> bool:
+        return self.context_mode != "history_only"
 
 
 @validated_dataclass(frozen=True)
 class HFOptions:
     """``engine.hf``: the transformers backend."""
 
-    batch_size: Annotated[int, Field(ge=1, le=65536)] = 64  # micro-batch of one generate call
-    share_prefill: bool = True  # compute shared prompt prefixes and duplicate prompts once
-    regroup: bool = True  # rows still decoding go on as a smaller batch once the others have ended
+    batch_size: Annotated[int, Field(ge=1, le=65536)]  # micro-batch of one generate call
+    share_prefill: bool  # compute shared prompt prefixes and duplicate prompts once
+    regroup: bool  # rows still decoding go on as a smaller batch once the others have ended
 
 
 @validated_dataclass(frozen=True)
 class VLLMOptions:
     """``engine.vllm``: the vLLM engine (mage/backends/vllm.py)."""
 
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.85
-    kv_cache_memory_bytes: PositiveInt | None = None
-    sleep_mode: bool = False
-    max_model_len: PositiveInt | None = None
-    enforce_eager: bool = False
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)]
+    kv_cache_memory_bytes: PositiveInt | None
+    sleep_mode: bool
+    max_model_len: PositiveInt | None
+    enforce_eager: bool
 
 
 @validated_dataclass(frozen=True)
 class ScriptedOptions:
     """``engine.scripted``: a rule-based player in the agent's seat (tests, warm-start data)."""
 
-    rule: Annotated[str, Field(min_length=1)] = "random"
-    invalid_rate: Share = 0.0
+    rule: Annotated[str, Field(min_length=1)]
+    invalid_rate: Share
 
 
-Backend = Literal["hf", "vllm", "scripted"]
+BackendName = Literal["hf", "vllm", "scripted"]
 
 
 @validated_dataclass(frozen=True)
-class EngineConfig:
-    """``params/engine``: the rollout engine, its backend and the training sampling."""
+class EngineConfig(RolloutConfig):
+    """``params/engine``: how meta-episodes are played (the :class:`RolloutConfig` keys), how
+    many an iteration plays, which backend generates, and the training sampling."""
 
-    rollout: RolloutConfig
     # 65536 groups of 8 are half a million meta-episodes in one iteration's table: beyond that
     # a value is a typo, and it would exhaust memory before failing
     groups: Annotated[int, Field(ge=1, le=65536)]
-    backend: Backend
+    backend: BackendName
     hf: HFOptions
     vllm: VLLMOptions
     scripted: ScriptedOptions
@@ -150,28 +148,225 @@ class EngineConfig:
         return dataclasses.asdict(getattr(self, self.backend))
 
 
-GameName = Literal["kuhn_poker", "tic_tac_toe", "sokoban"]
+# -- the model ------------------------------------------------------------------------------
+@validated_dataclass(frozen=True)
+class LoraSettings:
+    """``model.lora`` (peft); the reference policy is the base model with the adapter disabled."""
+
+    r: Annotated[int, Field(ge=1, le=1024)]
+    alpha: Annotated[float, Field(gt=0)]
+    dropout: Annotated[float, Field(ge=0, lt=1)]
+    target_modules: tuple[str, ...] | str
 
 
 @validated_dataclass(frozen=True)
-class GameConfig:
-    """``params/game``: the game, its constructor's parameters and its penalties."""
+class TinyBuild:
+    """``model.tiny``: how the local ``tiny`` preset is built (tokenizer, architecture,
+    behaviour cloning); the behaviour-cloning keys are chosen per game
+    (``params/model_game/tiny/<game>.yaml``)."""
 
-    name: GameName
-    params: dict[str, Any]
-    invalid_penalty: Annotated[float, Field(ge=0)]  # c_inv (MAGE-SPEC 3)
-    length_penalty: Annotated[float, Field(ge=0)]  # c_len
+    vocab_size: Annotated[int, Field(ge=512, le=1_000_000)]
+    hidden_size: Annotated[int, Field(ge=8, le=16384)]
+    num_layers: Annotated[int, Field(ge=1, le=256)]
+    num_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    intermediate_size: PositiveInt
+    max_position_embeddings: Annotated[int, Field(ge=64, le=1_048_576)]
+    seed: NonNegativeInt
+    corpus_meta_episodes: PositiveInt  # scripted meta-episodes per game for the tokenizer corpus
+    # scripted players the warm start imitates: names or {rule: name, **params} (mage.backends.scripted)
+    bc_rules: tuple[str | dict[str, Any], ...]
+    bc_meta_episodes: PositiveInt
+    bc_short_steps: NonNegativeInt  # first phase: prompts cut to their last bc_context_tokens tokens
+    # of the short steps, the first this share: play calls only (a reflection's tokens outnumber a move's)
+    bc_moves_only_share: Share
+    bc_short_batch_rows: PositiveInt
+    bc_context_tokens: PositiveInt
+    bc_steps: NonNegativeInt  # second phase: whole prompts
+    bc_batch_rows: PositiveInt
+    bc_batches_by_prompt: bool  # whole-prompt batches cut in prompt order (shared prefixes)
+    # of every batch's calls: reflections, over-sampled; None: as they come
+    bc_reflection_share: Annotated[float, Field(gt=0, lt=1)] | None
+    bc_learning_rate: Annotated[float, Field(gt=0, le=1)]
+    # of all steps, the first this share at bc_learning_rate; then a linear decay to a tenth
+    bc_constant_lr_share: Share
+    # preset.json's description of the warm start: evaluation-style rollouts per opponent
+    check_meta_episodes: PositiveInt  # per split
+    check_episodes: Annotated[int, Field(ge=1, le=100)]
+    check_seed: NonNegativeInt
+    check_sampling: SamplingSettings
 
     def __post_init__(self) -> None:
-        from mage.games import checked_game
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads must divide hidden_size ({self.hidden_size}), got {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads ({self.num_heads}), got {self.num_kv_heads}")
+        if not self.bc_rules:
+            raise ValueError("bc_rules must name at least one scripted player")
 
+
+DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+Dtype = Literal["float32", "bfloat16", "float16"]
+
+
+@validated_dataclass(frozen=True)
+class ModelConfig:
+    """A model preset (``params/model``): where the weights come from and how they train."""
+
+    name: Annotated[str, Field(min_length=1)]
+    path: Annotated[str, Field(min_length=1)]  # a hub id or a local directory (the tiny preset: where it is built)
+    build: Literal["tiny"] | None  # tiny: built locally (mage.build); None: loaded as is
+    local_dir: str | None  # a hub model is fetched here (DVC versions it); None: the hub cache
+    dtype: Dtype
+    device: str  # auto | cpu | mps | cuda | cuda:N
+    chat: bool
+    enable_thinking: bool | None
+    lora: LoraSettings | None
+    tiny: TinyBuild | None
+
+    def __post_init__(self) -> None:
+        if not DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, mps, cuda or cuda:N, got {self.device!r}")
+        if self.build == "tiny" and self.tiny is None:
+            raise ValueError("build: tiny needs a `tiny` section (how to build it)")
+
+
+# -- the method -----------------------------------------------------------------------------
+Anchor = Literal["global", "local"]
+Norm = Literal["mean_norm", "mean_std_norm"]
+NormScope = Literal["group", "opponent"]
+EpisodeBaseline = Literal["pooled", "per_episode"]
+Grouping = Literal["stationary", "mixed"]
+
+
+@validated_dataclass(frozen=True)
+class AlgoConfig:
+    """``params/algo``: returns, advantages and the PPO loss (MAGE-SPEC sections 3-5). The
+    objective and the estimator are names registered in :mod:`mage.algo` (checked when the
+    settings load). The penalties are the game's (:class:`GameConfig`)."""
+
+    objective: Annotated[str, Field(min_length=1)]  # differential (MAGE) | cumulative (LaMer) | single_episode
+    gamma_step: Discount  # discount inside an episode
+    gamma_traj: Discount  # discount across an episode boundary
+    estimator: Annotated[str, Field(min_length=1)]  # gigpo | grpo
+    anchor: Anchor  # episode index part of the step anchor (local) or not (global)
+    norm: Norm
+    norm_scope: NormScope  # group: per (seed, seat, opponent); opponent: per opponent over the batch
+    # pooled: the episode term's mean (and std) over every call of the scope (MAGE-SPEC); per_episode:
+    # over the scope's calls of the same episode number, a baseline that depends on the episode
+    episode_baseline: EpisodeBaseline
+    # stationary: a group's meta-episodes face one opponent; mixed: the paper's ablation, a group's
+    # members face opponents drawn across the population (same initial state and seat)
+    grouping: Grouping
+    step_weight: NonNegative  # w in A = A_ep + w * A_step
+    # Scales the negative advantages, after A = A_ep + w * A_step: 1 is the method's; below 1 the
+    # update leans on the calls that did better than their baseline (mage/algo/advantages.py)
+    negative_weight: Share
+    epsilon: Annotated[float, Field(gt=0, le=1)]
+    # PPO (MAGE-SPEC section 5)
+    clip_ratio: Annotated[float, Field(gt=0, le=1)]
+    dual_clip: Annotated[float, Field(gt=1)]
+    kl_coef: NonNegative
+    entropy_coef: NonNegative
+
+
+Batching = Literal["bucketed", "padded"]
+BATCHINGS: tuple[str, ...] = get_args(Batching)
+LrSchedule = Literal["constant", "linear"]
+
+
+@validated_dataclass(frozen=True)
+class TrainConfig:
+    """``params/train``: the policy update and the training loop (MAGE-SPEC section 5). Ranges
+    are checked on construction: torch takes a negative gradient clip or learning rate
+    without complaint."""
+
+    iterations: Annotated[int, Field(ge=0, le=1_000_000)]
+    learning_rate: Annotated[float, Field(gt=0, le=1)]
+    lr_schedule: LrSchedule  # linear: CleanRL's PPO annealing, lr/iterations at the last iteration
+    weight_decay: Annotated[float, Field(ge=0, le=1)]
+    betas: tuple[AdamBeta, AdamBeta]
+    adam_eps: Annotated[float, Field(gt=0, le=1)]
+    grad_clip: Annotated[float, Field(gt=0)]
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)]
+    mini_batch_size: PositiveInt  # rows (LLM calls) per optimizer step (paper: 64)
+    batching: Batching
+    micro_batch_tokens: PositiveInt  # bucketed: padded tokens per micro-batch
+    micro_batch_rows: PositiveInt  # padded: rows per micro-batch
+    share_prefix: bool  # run a micro-batch's common prompt prefix once
+    # Recompute each decoder layer's activations in the backward pass instead of keeping
+    # them: about a third more compute for one layer's activations instead of all of them
+    # (a 4B model's PPO step on 16k-token micro-batches needs it on an 80 GB GPU:
+    # BENCHMARKS.md). The PPO pass then runs without the shared prefix (its KV cache
+    # cannot be recomputed); the scoring passes keep it.
+    gradient_checkpointing: bool
+    # transformers' enable_full_determinism: deterministic CUDA kernels, so a GPU run (and a
+    # resumed one) repeats bitwise; slower. CPU runs repeat without it.
+    deterministic: bool
+    seed: NonNegativeInt
+    checkpoint_every: PositiveInt  # iterations; 1 loses no finished iteration on a crash
+    keep_checkpoints: PositiveInt | None  # newest kept (None: all)
+    eval_every: NonNegativeInt  # iterations between evaluations during training (0: none)
+    # Drift warnings: the invalid-reply rate rising this far over the run's first iteration
+    # (a warm start may begin with many invalid replies: the Tic-Tac-Toe one does), or a KL
+    # to the reference above drift_kl. They change no result.
+    drift_invalid_rise: Annotated[float, Field(gt=0, le=1)]
+    drift_kl: Annotated[float, Field(gt=0)]
+
+    def learning_rate_at(self, iteration: int) -> float:
+        """The learning rate of (1-based) ``iteration``.
+
+        ``linear``: lr_k = lr * (1 - (k - 1) / K) for iteration k of K, so the first
+        iteration runs at the full rate and the last at lr / K. Late updates are small, so a
+        policy that has found a good strategy keeps it instead of drifting away from it.
+        """
+        if self.lr_schedule == "constant" or self.iterations <= 0:
+            return self.learning_rate
+        fraction = 1.0 - (min(max(iteration, 1), self.iterations) - 1) / self.iterations
+        return self.learning_rate * fraction
+
+
+@validated_dataclass(frozen=True)
+class EvalConfig:
+    """``params/eval``: the evaluation of a checkpoint and of the policy it started from."""
+
+    split: Split
+    episodes: Annotated[int, Field(ge=1, le=100)]  # N at evaluation (may exceed training's)
+    meta_episodes: Annotated[int, Field(ge=1, le=1_000_000)]  # per split, shared equally by its opponents
+    group_size: Annotated[int, Field(ge=1, le=1024)]
+    early_stop: bool
+    seed: NonNegativeInt
+    sampling: SamplingSettings
+
+    def groups_per_opponent(self, opponents: int) -> int:
+        """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""
+        return max(1, -(-self.meta_episodes // (max(opponents, 1) * self.group_size)))
+
+
+# -- the game and its population ------------------------------------------------------------
+@validated_dataclass(frozen=True)
+class GameConfig:
+    """``params/game``: the game, its constructor's parameters and its penalties, the one
+    home of c_inv and c_len (MAGE-SPEC 3; the returns read them from here)."""
+
+    name: str
+    params: dict[str, Any]
+    invalid_penalty: NonNegative  # c_inv per invalid turn
+    length_penalty: NonNegative  # c_len
+
+    def __post_init__(self) -> None:
+        if self.name not in GAMES:
+            raise ValueError(f"name must be one of {sorted(GAMES)}, got {self.name!r}")
         checked_game(self.name, self.params, "params")
 
-    @cached_property
+    @property
     def num_players(self) -> int:
-        from mage.games import make_game
+        return _num_players(self.name, json.dumps(self.params, sort_keys=True))
 
-        return int(make_game(self.name, **self.params).num_players)
+
+@functools.lru_cache(maxsize=64)
+def _num_players(name: str, params: str) -> int:
+    return int(make_game(name, **json.loads(params)).num_players)
 
 
 @validated_dataclass(frozen=True)
@@ -181,19 +376,43 @@ class CeilingSettings:
 
 
 @validated_dataclass(frozen=True)
+class PopulationEntry:
+    """One counterpart of a population: an opponent rule (or, for Sokoban, a level setting),
+    read from ``population.<split>.<id>`` and checked against the game when the settings load
+    (:func:`mage.population.population_entries`)."""
+
+    id: Annotated[str, Field(min_length=1)]
+    game: str
+    opponent: Annotated[str, Field(min_length=1)]
+    split: SplitName
+    share: NonNegative
+    params: Mapping[str, Any]
+    game_params: Mapping[str, Any]
+
+    def make_game(self, base_params: Mapping[str, Any] | None = None) -> Game:
+        """The game with the population's base parameters and this entry's overrides."""
+        return make_game(self.game, **{**(base_params or {}), **self.game_params})
+
+
+@validated_dataclass(frozen=True)
 class PopulationConfig:
     """``params/population``: the opponents, split into training and held-out entries.
 
-    ``entries`` are the checked :class:`mage.population.PopulationEntry` objects (filled in by
-    :class:`mage.settings.Settings`, which knows the game)."""
+    ``train`` and ``held_out`` map ids to :class:`PopulationEntry` objects, read and checked
+    against the game when the settings load (:func:`mage.population.population_entries`)."""
 
     seat_split: Share  # share of meta-episodes in which the agent sits second
     ceilings: CeilingSettings
-    train: dict[str, dict[str, Any]]
-    held_out: dict[str, dict[str, Any]]
-    entries: tuple[Any, ...] = ()
+    train: dict[str, PopulationEntry]
+    held_out: dict[str, PopulationEntry]
+
+    @property
+    def entries(self) -> tuple[PopulationEntry, ...]:
+        """Every entry, training first, in the order of the config."""
+        return (*self.train.values(), *self.held_out.values())
 
 
+# -- orchestration and files ----------------------------------------------------------------
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
 
 
@@ -221,7 +440,7 @@ class PathsConfig:
     report: str
     results: str
     metrics: str
-    live: str
+    live: str | None  # dvclive's per-iteration metrics and plots (None: none)
 
 
 Runner = Literal["thread", "process", "sequential", "ray"]
@@ -233,59 +452,44 @@ RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5}")
 class RayConfig:
     """``flow.ray``: where ``flow.runner=ray`` runs the shards, and what each one takes."""
 
-    address: str | None = None  # None: a local Ray on this machine with num_cpus CPUs; else a cluster's address
-    num_cpus: Annotated[int, Field(ge=1, le=4096)] = 2  # the local Ray's CPUs (address None only)
-    shard_cpus: Annotated[float, Field(ge=0, le=4096)] = 1.0  # Ray resources of one rollout or evaluation shard
-    shard_gpus: Annotated[float, Field(ge=0, le=64)] = 0.0  # fractions share a GPU (vllm: gpu_memory_utilization)
-    long_lived_workers: bool = True  # one engine per shard in a Ray actor for the whole run
-    worker_restarts: Annotated[int, Field(ge=0, le=100)] = 2  # a dead worker actor is started again this often
-    connect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0  # an address that does not answer fails
+    address: str | None  # None: a local Ray on this machine with num_cpus CPUs; else a cluster's address
+    num_cpus: Annotated[int, Field(ge=1, le=4096)]  # the local Ray's CPUs (address None only)
+    shard_cpus: Annotated[float, Field(ge=0, le=4096)]  # Ray resources of one rollout or evaluation shard
+    shard_gpus: Annotated[float, Field(ge=0, le=64)]  # fractions share a GPU (vllm: gpu_memory_utilization)
+    long_lived_workers: bool  # one engine per shard in a Ray actor for the whole run
+    worker_restarts: Annotated[int, Field(ge=0, le=100)]  # a dead worker actor is started again this often
+    connect_timeout_seconds: Annotated[float, Field(gt=0, le=3600)]  # an address that does not answer fails
 
     def __post_init__(self) -> None:
         if self.shard_gpus > 1 and self.shard_gpus != int(self.shard_gpus):
-            raise ValueError(f"ray.shard_gpus must be at most 1 or a whole number (Ray's rule), got {self.shard_gpus:g}")
+            raise ValueError(f"shard_gpus must be at most 1 or a whole number (Ray's rule), got {self.shard_gpus:g}")
         if self.address is not None and not RAY_ADDRESS.fullmatch(self.address):
-            raise ValueError(f"ray.address must be null, 'auto', 'host:port' or 'ray://host:port', got {self.address!r}")
+            raise ValueError(f"address must be null, 'auto', 'host:port' or 'ray://host:port', got {self.address!r}")
 
 
 @validated_dataclass(frozen=True)
 class FlowConfig:
     """``params/flow``: how the Prefect flows run (the library itself never reads this)."""
 
-    runner: Runner = "thread"  # the task runner of rollout shards
-    max_workers: Annotated[int, Field(ge=1, le=1024)] = 2
-    rollout_shards: Annotated[int, Field(ge=1, le=4096)] = 1  # rollout tasks per iteration (whole groups each)
-    retries: Annotated[int, Field(ge=0, le=100)] = 2  # retries after a transient failure (OSError, timeouts)
-    retry_delay_seconds: Annotated[float, Field(ge=0, le=86400)] = 2.0  # first retry delay; doubles every retry
-    nightly_cron: str = "0 2 * * *"  # the nightly evaluation's schedule
-    timezone: str | None = None  # of the cron schedule; None: this machine's local zone
-    nightly_run: str | None = None  # the run the nightly evaluation takes (None: run.name)
+    runner: Runner  # the task runner of rollout shards
+    max_workers: Annotated[int, Field(ge=1, le=1024)]
+    rollout_shards: Annotated[int, Field(ge=1, le=4096)]  # rollout tasks per iteration (whole groups each)
+    retries: Annotated[int, Field(ge=0, le=100)]  # retries after a transient failure (OSError, timeouts)
+    retry_delay_seconds: Annotated[float, Field(ge=0, le=86400)]  # first retry delay; doubles every retry
+    nightly_cron: str  # the nightly evaluation's schedule
+    timezone: str | None  # of the cron schedule; None: this machine's local zone
+    nightly_run: str | None  # the run the nightly evaluation takes (None: run.name)
     # a Prefect API (PREFECT_API_URL) that does not answer within this fails the command clearly
-    api_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    api_timeout_seconds: Annotated[float, Field(gt=0, le=3600)]
     # without PREFECT_API_URL, the temporary server a command starts must answer within this
-    server_start_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = 120.0
-    ray: RayConfig = field(default_factory=RayConfig)  # flow.runner=ray only
+    server_start_timeout_seconds: Annotated[float, Field(gt=0, le=3600)]
+    ray: RayConfig  # flow.runner=ray only
 
     def __post_init__(self) -> None:
         if len(self.nightly_cron.split()) != 5:
             raise ValueError(f"nightly_cron must be a five-field cron expression, got {self.nightly_cron!r}")
 
-
-Split = Literal["held_out", "train", "all"]
-
-
-@validated_dataclass(frozen=True)
-class EvalConfig:
-    """``params/eval``; ranges are checked on construction."""
-
-    split: Split = "held_out"
-    episodes: Annotated[int, Field(ge=1, le=100)] = 3
-    meta_episodes: Annotated[int, Field(ge=1, le=1_000_000)] = 384  # per split, shared equally by its opponents
-    group_size: Annotated[int, Field(ge=1, le=1024)] = 1
-    early_stop: bool = True
-    seed: Annotated[int, Field(ge=0)] = 1234
-    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(temperature=0.7, top_p=0.8, top_k=20))
-
-    def groups_per_opponent(self, opponents: int) -> int:
-        """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""
-        return max(1, -(-self.meta_episodes // (max(opponents, 1) * self.group_size)))
+    @property
+    def remote_rollouts(self) -> bool:
+        """Whether rollout shards run in other processes (which sample from checkpoints on disk)."""
+        return self.runner in ("process", "ray")

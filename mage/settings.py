@@ -1,53 +1,49 @@
 """Typed, validated settings from the composed Hydra tree: ``params/`` is the one source of truth.
 
 ``load_settings(overrides)`` composes ``params/`` (or reads an already composed file such
-as DVC's ``params.yaml``) and ``Settings.from_config(cfg)`` turns every section into its
-dataclass (``GameConfig``, ``PopulationConfig``, ``EngineConfig``, ``ModelConfig``,
-``AlgoConfig``, ``TrainConfig``, ``EvalConfig``, ``FlowConfig``, ``PathsConfig``,
-``RunConfig``). Nothing has a built-in default here: a missing section or key is an error
-that names it and the file it belongs in, so a truncated or hand-edited config never runs
-on values the code made up. Types, ranges and fixed choices are checked by pydantic; every
-problem raises :class:`SettingsError` naming the key, what was given and what is allowed,
-before any work starts.
+as DVC's ``params.yaml``) and ``Settings.from_config(cfg)`` builds every section into its
+dataclass of :mod:`mage.sections`. Nothing has a built-in default: a missing section or key
+is an error that names it and the file it belongs in, so a truncated or hand-edited config
+never runs on values the code made up. Types, ranges and fixed choices are checked by
+pydantic; rules between sections are checked last (:func:`check_across`), each saying how
+to fix the problem. Every problem raises :class:`SettingsError` naming the key, what was
+given and what is allowed, before any work starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mage.algo.config import AlgoConfig
-from mage.backends.base import SamplingSettings
-from mage.rollout.engine import RolloutConfig
+from mage.algo import ESTIMATORS, OBJECTIVES
 from mage.sections import (
-    CeilingSettings,
+    SPLITS,
+    AlgoConfig,
     EngineConfig,
     EvalConfig,
     FlowConfig,
     GameConfig,
-    HFOptions,
     ModelConfig,
     PathsConfig,
     PopulationConfig,
     RunConfig,
-    ScriptedOptions,
-    TinyBuild,
-    VLLMOptions,
+    TrainConfig,
 )
-from mage.train.config import LoraSettings, TrainConfig
 
-__all__ = ["FlowConfig", "ModelConfig", "Settings", "SettingsError", "TinyBuild", "build", "load_settings"]
+__all__ = ["Settings", "SettingsError", "build", "load_settings", "select"]
 
-#: The sections a composed config must hold, in the order they are checked.
-SECTIONS = ("game", "population", "engine", "model", "algo", "train", "eval", "flow", "seed", "run", "paths")
+#: How to regenerate a composed config file that is damaged or out of date.
+REGENERATE = "regenerate it with `python -m mage config --output params.yaml`"
 
 
 class SettingsError(ValueError):
@@ -60,10 +56,21 @@ def plain(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _hints(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind)
+
+
+def _section_type(annotation: Any) -> type | None:
+    """The section dataclass a field holds (``X`` or ``X | None``), else None."""
+    candidates = [annotation, *typing.get_args(annotation)]
+    return next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
+
+
 def build(kind: type, section: Any, where: str, source: str | None = None, **extra: Any) -> Any:
-    """Instantiate dataclass ``kind`` from ``section``: every field must be given (by the
-    section or by ``extra``), no other key is allowed, and every value is validated.
-    ``source`` is the file the section comes from, named in the error."""
+    """Instantiate section ``kind`` from ``section``: every field must be given (by the section
+    or by ``extra``), no other key is allowed, nested sections are built the same way, and
+    every value is validated. ``source`` is the file the section comes from, named in errors."""
     from pydantic import TypeAdapter, ValidationError
 
     in_file = f" (in {source})" if source else ""
@@ -77,11 +84,14 @@ def build(kind: type, section: Any, where: str, source: str | None = None, **ext
     unknown = sorted(set(values) - set(allowed))
     if unknown:
         raise SettingsError(f"{where}: unknown key(s) {unknown}{in_file}; allowed keys: {allowed}")
-    optional = {f.name for f in dataclasses.fields(kind) if f.name == "entries"}  # filled in, never configured
-    missing = [name for name in allowed if name not in values and name not in optional]
+    missing = [name for name in allowed if name not in values]
     if missing:
         raise SettingsError(f"{where}.{missing[0]}: missing{in_file}; every key must be set"
                             + (f" (also missing: {missing[1:]})" if missing[1:] else ""))
+    for name in allowed:
+        nested = _section_type(_hints(kind)[name])
+        if nested is not None and name not in extra and values[name] is not None:
+            values[name] = build(nested, values[name], f"{where}.{name}", source)
     try:
         return TypeAdapter(kind).validate_python(values)  # nested sections come built: kept as they are
     except ValidationError as error:
@@ -89,18 +99,28 @@ def build(kind: type, section: Any, where: str, source: str | None = None, **ext
         if first["type"] == "value_error":  # from __post_init__: the message names the field
             message = str(first["ctx"]["error"])
             named = re.fullmatch(r"[A-Za-z_][\w.]*:?", message.split(" ")[0]) is not None
-            return _raise(f"{where}.{message}" if named else f"{where}: {message}", in_file)
+            raise SettingsError((f"{where}.{message}" if named else f"{where}: {message}") + in_file) from None
         key = ".".join(str(part) for part in (where, *first["loc"]))
         given = repr(first.get("input"))
-        _raise(f"{key}: {first['msg'].replace('Input should', 'must')} (got {given[:200]})", in_file)
+        raise SettingsError(f"{key}: {first['msg'].replace('Input should', 'must')} (got {given[:200]})"
+                            f"{in_file}") from None
 
 
-def _raise(message: str, in_file: str) -> None:
-    raise SettingsError(message + in_file)
+def select(config: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted key of a plain config (None where it is missing)."""
+    value: Any = config
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return None
+        value = value[part]
+    return value
 
 
 @dataclass(frozen=True)
 class Settings:
+    """A whole, validated configuration: one typed section per top-level key of ``params/``,
+    and ``raw``, the composed config they were built from (what hashes and DVC read)."""
+
     game: GameConfig
     population: PopulationConfig
     engine: EngineConfig
@@ -112,7 +132,7 @@ class Settings:
     seed: int
     paths: PathsConfig
     run: RunConfig
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     @property
     def run_name(self) -> str:
@@ -126,6 +146,7 @@ class Settings:
         if not isinstance(raw, Mapping) or not raw:
             raise SettingsError(f"config: empty{f' ({sources})' if isinstance(sources, str) else ''}; "
                                 f"a config holds the sections {list(SECTIONS)}")
+        raw = dict(raw)
 
         def source(section: str) -> str | None:
             return sources if isinstance(sources, str) or sources is None else sources.get(section)
@@ -135,104 +156,75 @@ class Settings:
             raise SettingsError(f"config: unknown section(s) {unknown}; allowed sections: {list(SECTIONS)}")
         for name in SECTIONS:
             if raw.get(name) is None:
-                hint = "; regenerate it with `python -m mage.config --output params.yaml`" if isinstance(sources, str) else ""
+                hint = f"; {REGENERATE}" if isinstance(sources, str) else ""
                 raise SettingsError(f"{name}: missing section (in {source(name) or 'the config'}){hint}")
         seed = raw["seed"]  # first: train.seed and others interpolate it
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SettingsError(f"seed: must be an integer >= 0 (got {seed!r}) (in {source('seed')})")
-        game = build(GameConfig, raw["game"], "game", source("game"))
-        population = _population(raw, source("population"))
-        engine = _engine(raw["engine"], source("engine"))
-        model_raw = dict(raw["model"]) if isinstance(raw["model"], Mapping) else raw["model"]
-        nested = {}
-        if isinstance(model_raw, Mapping):
-            lora, tiny = model_raw.pop("lora", None), model_raw.pop("tiny", None)
-            nested = {"lora": build(LoraSettings, lora, "model.lora", source("model")) if lora is not None else None,
-                      "tiny": _tiny(tiny, source("model")) if tiny is not None else None}
-        model = build(ModelConfig, model_raw, "model", source("model"), **nested)
-        algo_raw = dict(raw["algo"]) if isinstance(raw["algo"], Mapping) else raw["algo"]
-        if isinstance(algo_raw, Mapping):
-            algo_raw.pop("name", None)  # names the option file; the fields say what it does
-            algo_raw.setdefault("max_response_tokens", engine.sampling.max_new_tokens)
-        algo = build(AlgoConfig, algo_raw, "algo", source("algo"))
-        train = build(TrainConfig, raw["train"], "train", source("train"))
-        if engine.backend == "vllm" and train.checkpoint_every != 1:
-            # The engine loads each new policy from its checkpoint; with fewer checkpoints it would
-            # sample from an older policy than the one PPO treats as on-policy.
-            raise SettingsError(f"train.checkpoint_every: must be 1 with engine.backend=vllm (the engine serves each "
-                                f"iteration's policy from its checkpoint), got {train.checkpoint_every}")
-        if engine.sampling.temperature == 0:
-            raise SettingsError("engine.sampling.temperature: must be > 0: the training rollouts' replies are "
-                                "scored under the distribution they were sampled from, and greedy decoding has none "
-                                "(eval.sampling may be greedy)")
-        eval_raw = dict(raw["eval"]) if isinstance(raw["eval"], Mapping) else raw["eval"]
-        eval_sampling = {}
-        if isinstance(eval_raw, Mapping):
-            eval_sampling = {"sampling": build(SamplingSettings, eval_raw.pop("sampling", None), "eval.sampling",
-                                               source("eval"))}
-        return cls(
-            game=game,
-            population=population,
-            engine=engine,
-            model=model,
-            algo=algo,
-            train=train,
-            eval=build(EvalConfig, eval_raw, "eval", source("eval"), **eval_sampling),
-            flow=build(FlowConfig, raw["flow"], "flow", source("flow")),
-            seed=seed,
-            paths=build(PathsConfig, raw["paths"], "paths", source("paths")),
-            run=build(RunConfig, raw["run"], "run", source("run")),
-            raw=raw,
-        )
+        built: dict[str, Any] = {"seed": seed}
+        for name in SECTIONS:  # in order: the game before the population entries checked against it
+            section = raw[name]
+            if name == "population":
+                built[name] = _population(raw, source(name))
+            elif name != "seed":
+                if name == "algo" and isinstance(section, Mapping):  # `name` names the option file
+                    section = {k: v for k, v in section.items() if k != "name"}
+                built[name] = build(_hints(cls)[name], section, name, source(name))
+        settings = cls(**built, raw=raw)
+        check_across(settings)
+        return settings
 
-    def section_hash(self, *sections: str) -> str:
-        """Stable hash of some sections of the raw config (what a cached result depends on)."""
-        chosen = {name: self.raw.get(name) for name in sections} if sections else self.raw
+    def hash_of(self, keys: Iterable[str] | None = None) -> str:
+        """Stable hash of some dotted keys of the raw config (None: all of it)."""
+        chosen = self.raw if keys is None else {key: select(self.raw, key) for key in sorted(set(keys))}
         return hashlib.sha256(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _engine(section: Any, source: str | None) -> EngineConfig:
-    """``params/engine``: the rollout keys, the batch, the backend and its options, sampling."""
-    engine = plain(section)
-    if not isinstance(engine, Mapping):
-        return build(EngineConfig, engine, "engine", source)
-    engine = dict(engine)
-    nested = {
-        "hf": build(HFOptions, engine.pop("hf", None), "engine.hf", source),
-        "vllm": build(VLLMOptions, engine.pop("vllm", None), "engine.vllm", source),
-        "scripted": build(ScriptedOptions, engine.pop("scripted", None), "engine.scripted", source),
-        "sampling": build(SamplingSettings, engine.pop("sampling", None), "engine.sampling", source),
-    }
-    own = {key: engine.pop(key) for key in ("groups", "backend") if key in engine}
-    nested["rollout"] = build(RolloutConfig, engine, "engine", source)
-    return build(EngineConfig, own, "engine", source, **nested)
+#: The sections a composed config must hold (the fields of :class:`Settings`), in the order they are checked.
+SECTIONS = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "raw")
 
 
-def _tiny(section: Any, source: str | None) -> TinyBuild:
-    tiny = plain(section)
-    nested = {}
-    if isinstance(tiny, Mapping) and "check_sampling" in tiny:
-        tiny = dict(tiny)
-        nested["check_sampling"] = build(SamplingSettings, tiny.pop("check_sampling"), "model.tiny.check_sampling",
-                                         source)
-    return build(TinyBuild, tiny, "model.tiny", source, **nested)
+def check_across(settings: Settings) -> None:
+    """Rules between sections, each naming the key and how to fix it."""
+    engine, train, algo, flow = settings.engine, settings.train, settings.algo, settings.flow
+    if algo.objective not in OBJECTIVES:
+        raise SettingsError(f"algo.objective: must be one of {sorted(OBJECTIVES)} (mage.algo.register_objective "
+                            f"adds one), got {algo.objective!r}")
+    if algo.estimator not in ESTIMATORS:
+        raise SettingsError(f"algo.estimator: must be one of {sorted(ESTIMATORS)} (mage.algo.register_estimator "
+                            f"adds one), got {algo.estimator!r}")
+    if algo.estimator == "grpo" and engine.episodes > 1:
+        raise SettingsError(f"algo.estimator: grpo is single-episode RL, and engine.episodes is {engine.episodes}: "
+                            "set engine.episodes=1 (the same episode budget: scale engine.groups by the episodes, "
+                            "as algo=grpo does)")
+    if engine.sampling.temperature == 0:
+        raise SettingsError("engine.sampling.temperature: must be > 0: the training rollouts' replies are "
+                            "scored under the distribution they were sampled from, and greedy decoding has none "
+                            "(eval.sampling may be greedy)")
+    if train.checkpoint_every != 1 and (engine.backend == "vllm" or flow.remote_rollouts):
+        # Rollouts outside the trainer's process sample from the policy's checkpoint: with fewer
+        # checkpoints they would sample from an older policy than the one PPO treats as on-policy.
+        where = "engine.backend=vllm (the engine serves each iteration's policy from its checkpoint)" \
+            if engine.backend == "vllm" else f"flow.runner={flow.runner} (rollouts in other processes load " \
+                                             "each iteration's policy from its checkpoint)"
+        raise SettingsError(f"train.checkpoint_every: must be 1 with {where}, got {train.checkpoint_every}; "
+                            "set train.checkpoint_every=1 (and train.keep_checkpoints to bound the disk)")
+    if flow.rollout_shards > engine.groups:
+        raise SettingsError(f"flow.rollout_shards: {flow.rollout_shards} shards for {engine.groups} groups leave "
+                            f"{flow.rollout_shards - engine.groups} with nothing to play (a shard plays whole "
+                            "groups); set flow.rollout_shards <= engine.groups")
 
 
 def _population(raw: Mapping[str, Any], source: str | None) -> PopulationConfig:
-    """The population's own keys, then its entries, checked against the game."""
+    """The population's own keys, then its entries, each checked against the game."""
     from mage.population import population_entries
 
-    section = plain(raw["population"])
-    nested = {}
-    if isinstance(section, Mapping):
-        section = dict(section)
-        nested["ceilings"] = build(CeilingSettings, section.pop("ceilings", None), "population.ceilings", source)
-    population = build(PopulationConfig, section, "population", source, **nested)
     try:
         entries = tuple(population_entries(raw))
     except (TypeError, ValueError) as error:
         raise SettingsError(f"{error} (in {source})" if source else str(error)) from None
-    return dataclasses.replace(population, entries=entries)
+    split = {name: {e.id: e for e in entries if e.split == name} for name in SPLITS}
+    return build(PopulationConfig, raw["population"], "population", source, **split)
 
 
 def load_settings(overrides: Sequence[str] = (), config_file: str | Path | None = None) -> Settings:
@@ -265,22 +257,21 @@ def read_config_file(path: str | Path) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     path = Path(path)
-    regenerate = "regenerate it with `python -m mage.config --output params.yaml`"
     if not path.is_file():
         raise SettingsError(f"{path}: no such config file")
     text = path.read_text(errors="replace")
     if not text.strip():
-        raise SettingsError(f"{path}: the config file is empty; {regenerate}")
+        raise SettingsError(f"{path}: the config file is empty; {REGENERATE}")
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SettingsError(f"{path}: not valid YAML{where} ({getattr(error, 'problem', None) or error}); "
-                            f"{regenerate}") from None
+                            f"{REGENERATE}") from None
     if not isinstance(loaded, dict):
         raise SettingsError(f"{path}: a config file must be a mapping of sections, got {type(loaded).__name__}; "
-                            f"{regenerate}")
+                            f"{REGENERATE}")
     try:
         cfg = OmegaConf.create(loaded)
         OmegaConf.resolve(cfg)

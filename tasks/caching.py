@@ -4,9 +4,8 @@
 
 * the task's own source and the source of the whole ``mage`` package (any change to the
   library's code invalidates every cached result: correct before clever);
-* the config sections the task reads (``config`` is always the composed config as a dict;
-  keys that only schedule work, such as ``train.iterations``, are left out so that
-  lengthening a run reuses its finished iterations);
+* the settings its step reads, as :data:`mage.run.steps.READS` declares them (``settings``
+  is always the task's validated :class:`~mage.settings.Settings`);
 * every other input, with file references reduced to their content hash, so a new
   checkpoint or table means a new key and a moved-but-equal one does not.
 
@@ -22,20 +21,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect.cache_policies import TASK_SOURCE, CachePolicy
+from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CachePolicy
 
 import mage
+from mage.run.steps import READS, values_of
 from tasks.refs import FileRef, references
 
 MAX_PROBES = 8
-#: Keys that say how much work to schedule, not what one task computes.
-SCHEDULE_KEYS = ("train.iterations", "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints",
-                 "train.drift_invalid_rise", "train.drift_kl", "flow")
 
 
 @functools.cache
@@ -47,24 +43,6 @@ def library_source_hash() -> str:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-def select(config: dict[str, Any], dotted: str) -> Any:
-    value: Any = config
-    for part in dotted.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
-def drop(config: dict[str, Any], dotted: str) -> None:
-    *parents, last = dotted.split(".")
-    node: Any = config
-    for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, dict):
-        node.pop(last, None)
 
 
 def normalise(value: Any) -> Any:
@@ -82,25 +60,21 @@ def normalise(value: Any) -> Any:
 
 @dataclass
 class ArtifactCachePolicy(CachePolicy):
-    """See the module docstring. ``sections`` are dotted config paths the task reads."""
+    """See the module docstring. ``step`` names the step whose declared reads key the task."""
 
-    sections: Sequence[str] = ()
-    ignore: Sequence[str] = field(default_factory=lambda: SCHEDULE_KEYS)
+    step: str = ""
 
-    def config_part(self, config: dict[str, Any]) -> dict[str, Any]:
-        import copy
-
-        chosen = {name: copy.deepcopy(select(config, name)) for name in self.sections}
-        for dotted in self.ignore:
-            drop(chosen, dotted)
-        return chosen
+    @property
+    def sections(self) -> tuple[str, ...]:
+        return READS[self.step]
 
     def base_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any]) -> str:
+        settings = inputs["settings"]
         payload = {
             "task": TASK_SOURCE.compute_key(task_ctx, inputs, flow_parameters),
             "library": library_source_hash(),
-            "config": self.config_part(inputs.get("config") or {}),
-            "inputs": normalise({k: v for k, v in inputs.items() if k != "config"}),
+            "config": values_of(settings, self.sections),
+            "inputs": normalise({k: v for k, v in inputs.items() if k != "settings"}),
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -196,10 +170,26 @@ def backoff(first_delay: float, retries: int) -> list[float]:
     return [first_delay * 2**attempt for attempt in range(retries)]
 
 
-#: Options every task of the pipeline shares (retries are set per flow from ``params/flow``).
+def configured(task: Any, flow_cfg: Any) -> Any:
+    """``task`` with the retries of ``params/flow`` (exponential backoff); a task made with no
+    retries (the policy update) keeps none."""
+    retries = min(task.retries, flow_cfg.retries)
+    return task.with_options(retries=retries, retry_delay_seconds=backoff(flow_cfg.retry_delay_seconds, retries))
+
+
+#: Options every cached task of the pipeline shares (retries are set per flow from ``params/flow``).
 TASK_DEFAULTS: dict[str, Any] = {
     "persist_result": True,
     "result_serializer": "json",
+    "retries": 2,
+    "retry_delay_seconds": backoff(2.0, 2),
+    "retry_condition_fn": retry_transient,
+}
+#: Options of the training iteration's steps: never cached (the run resumes from its
+#: checkpoints) and their results stay in memory (tables, the training state).
+STEP_DEFAULTS: dict[str, Any] = {
+    "cache_policy": NO_CACHE,
+    "persist_result": False,
     "retries": 2,
     "retry_delay_seconds": backoff(2.0, 2),
     "retry_condition_fn": retry_transient,

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import task
 
 from mage.population import seed_population as build_manifest
 from mage.population import write_manifest
+from mage.settings import Settings
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
 from tasks.refs import FileRef
 
 
-@task(name="seed-population", task_run_name="seed-population", cache_policy=ArtifactCachePolicy(sections=("game", "population", "paths.population_manifest")),
-      **TASK_DEFAULTS)
-def seed_population(config: dict[str, Any]) -> FileRef:
+@task(name="seed-population", task_run_name="seed-population",
+      cache_policy=ArtifactCachePolicy(step="seed_population"), **TASK_DEFAULTS)
+def seed_population(settings: Settings) -> FileRef:
     """Write the population manifest (opponents, shares, splits, ceilings)."""
-    manifest = build_manifest(config, progress=False)
-    return FileRef.of(write_manifest(manifest, config["paths"]["population_manifest"]))
+    manifest = build_manifest(settings, progress=False)
+    return FileRef.of(write_manifest(manifest, settings.paths.population_manifest))

@@ -10,16 +10,18 @@ checkpoint by path from the shared storage and writes the shard's table there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from mage.rollout import RolloutStats
+from mage.run import steps
+from mage.run.state import RolloutWorker
+from mage.sections import FlowConfig
 from mage.settings import Settings
-from mage.train.rollout_worker import RolloutWorker
 
 NAMESPACE = "mage"
 #: Set by the runner for every Ray worker: the driver's working directory, where the
@@ -47,17 +49,19 @@ def project_dir_problem() -> str | None:
 
 def actor_name(run_name: str, shard: int) -> str:
     """One actor per shard of a run and driver (the job id keeps two drivers apart)."""
+    import ray
+
     return f"rollout-{run_name}-shard-{shard}-job-{ray.get_runtime_context().get_job_id()}"
 
 
 class RolloutActor:
     """A Ray actor holding one shard's rollout worker for a whole run."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.worker = RolloutWorker(Settings.from_config(config))
+    def __init__(self, settings: Settings) -> None:
+        self.worker = RolloutWorker(settings)
 
-    def play(self, checkpoint: str | None, iteration: int, shard: int, shards: int) -> tuple[Path, RolloutStats]:
-        return self.worker.play_shard(iteration, checkpoint, shard, shards)
+    def play(self, checkpoint: str | None, iteration: int, shard: int) -> tuple[Path, RolloutStats]:
+        return steps.play_shard(self.worker, iteration, checkpoint, shard)
 
     def pid(self) -> int:
         return os.getpid()
@@ -77,6 +81,8 @@ def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> Non
     """Return once ``actor`` answers. A worker that died is started again by Ray (up to
     ``flow.ray.worker_restarts``), and calls fail while it restarts: the retried shard waits.
     One that can no longer start raises :class:`RolloutWorkerGone` at once."""
+    import ray
+
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -100,17 +106,34 @@ def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> Non
             time.sleep(0.5)
 
 
-def play_on_ray(
-    settings: Settings, checkpoint: str | None, iteration: int, shard: int, shards: int
-) -> tuple[Path, RolloutStats]:
+def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shard: int) -> tuple[Path, RolloutStats]:
     """Play a shard from a Prefect task on the Ray runner: through the run's actor for this
     shard, or (``long_lived_workers: false``) with a worker built for this task alone."""
+    import ray
+
     if settings.flow.ray.long_lived_workers:
         actor = ray.get_actor(actor_name(settings.run_name, shard), namespace=NAMESPACE)
         wait_until_started(actor)
-        return ray.get(actor.play.remote(checkpoint, iteration, shard, shards))
+        return ray.get(actor.play.remote(checkpoint, iteration, shard))
     worker = RolloutWorker(settings)
     try:
-        return worker.play_shard(iteration, checkpoint, shard, shards)
+        return steps.play_shard(worker, iteration, checkpoint, shard)
     finally:
         worker.close()
+
+
+@contextlib.contextmanager
+def shard_options(flow_cfg: FlowConfig) -> Iterator[None]:
+    """Ray resources of the shard tasks submitted inside (each builds its engine); other
+    runners ignore this. An error a task raises is retried by Prefect, with its log. A task
+    whose process or node died took Prefect's task engine with it, so Ray runs it again
+    (``max_retries``, the same ``flow.retries``; Ray retries no raised error:
+    ``retry_exceptions`` stays off)."""
+    if flow_cfg.runner != "ray":
+        yield
+        return
+    from prefect_ray.context import remote_options
+
+    with remote_options(num_cpus=flow_cfg.ray.shard_cpus, num_gpus=flow_cfg.ray.shard_gpus,
+                        max_retries=flow_cfg.retries, retry_exceptions=False):
+        yield

@@ -10,7 +10,6 @@ the result that holds it.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from mage import io
 from mage.train import checkpoint as ckpt
 
 Kind = Literal["file", "checkpoint", "directory"]
@@ -27,32 +27,16 @@ class StaleReferenceError(FileNotFoundError):
     """A referenced file is missing or its content changed since it was written."""
 
 
-def file_sha256(path: Path) -> str:
-    stat = path.stat()
-    return _sha256_of(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4096)
-def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
-    """Content hash, memoised per (path, size, mtime): re-checking a multi-GB model directory
-    on every cache lookup would cost seconds; a rewritten file has a new mtime."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def directory_sha256(path: Path) -> str:
     """Hash of every file's relative path and content (a model directory)."""
-    files = {str(p.relative_to(path)): file_sha256(p) for p in sorted(path.rglob("*")) if p.is_file()}
+    files = {str(p.relative_to(path)): io.file_sha256(p) for p in sorted(path.rglob("*")) if p.is_file()}
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def content_hash(path: Path, kind: Kind) -> str | None:
     """The current content hash of ``path``, or None if it is missing or incomplete."""
     if kind == "file":
-        return file_sha256(path) if path.is_file() else None
+        return io.file_sha256(path) if path.is_file() else None
     if kind == "checkpoint":
         return ckpt.content_hash(path) if path.is_dir() and ckpt.is_complete(path) else None
     return directory_sha256(path) if path.is_dir() else None

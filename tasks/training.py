@@ -1,68 +1,134 @@
-"""The tasks of a training iteration: ``rollout-shard``, ``score-rollout`` and ``train-iteration``."""
+"""The train flow's steps: :class:`FlowSteps` runs each step of :func:`mage.run.loop.train`
+as a Prefect task around the same function of :mod:`mage.run.steps`, so the UI shows every
+step of every iteration (state, time, logs) and a transient failure is retried.
+
+Nothing here is cached: the loop resumes a run from its checkpoints (``mage.run.loop``), so a
+flow run started again goes on where the last one stopped. Rollout shards go to the flow's
+task runner: on threads of this process they sample from the trainer's policy in memory
+(as the library's loop does); in other processes (``flow.runner=process``) and on Ray they
+load the iteration's checkpoint.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import polars as pl
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.task_runners import TaskRunner
 
-from mage.rollout import read_trajectories, write_trajectories
+from mage.rollout import RolloutStats, read_trajectories
+from mage.run import steps
+from mage.run.loop import Steps, describe_iteration
+from mage.run.state import TrainingState
 from mage.settings import Settings
-from mage.train.loop import RunPaths, iteration_metrics, score_iteration
+from mage.train import checkpoint as ckpt
 from tasks import state as memory
-from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
+from tasks.artifacts import publish_training_table
+from tasks.caching import STEP_DEFAULTS, configured
+from tasks.evaluation import evaluate_checkpoint
+from tasks.model import prepare_model
 from tasks.refs import FileRef
 
-RUN = ("run", "paths.runs", "seed")
+
+@task(name="rollout-shard", task_run_name="rollout-{iteration}-shard-{shard}", **STEP_DEFAULTS)
+def rollout_here(state: TrainingState, iteration: int, shard: int) -> tuple[pl.DataFrame, RolloutStats]:
+    """Shard ``shard`` of iteration ``iteration``, sampled from the trainer's policy in this process
+    (shards on threads take turns on it)."""
+    with memory.LOCK:
+        return steps.rollout(state.settings, state.backend(), iteration, shard, progress=False)
 
 
-@task(name="rollout-shard", task_run_name="rollout-{iteration}-shard-{shard}",
-      cache_policy=ArtifactCachePolicy(sections=("game", "population", "engine", "model", *RUN)), **TASK_DEFAULTS)
-def rollout_shard(
-    config: dict[str, Any], model: FileRef, checkpoint: FileRef | None, iteration: int, shard: int = 0, shards: int = 1
-) -> dict[str, Any]:
-    """Play shard ``shard`` of iteration ``iteration`` with the policy of ``checkpoint``."""
-    settings = Settings.from_config(config)
-    model.resolve()
-    policy = str(checkpoint.resolve()) if checkpoint else None
+@task(name="rollout-shard", task_run_name="rollout-{iteration}-shard-{shard}", **STEP_DEFAULTS)
+def rollout_elsewhere(settings: Settings, checkpoint: str | None, iteration: int, shard: int) -> dict[str, Any]:
+    """Shard ``shard`` of iteration ``iteration``, sampled from ``checkpoint`` (None: the starting
+    policy) by this process's rollout worker, or on Ray by the run's worker actor."""
     if settings.flow.runner == "ray":
         from tasks.ray_workers import play_on_ray
 
-        path, stats = play_on_ray(settings, policy, iteration, shard, shards)
+        path, stats = play_on_ray(settings, checkpoint, iteration, shard)
     else:
         with memory.LOCK:
-            path, stats = memory.rollout_worker(settings).play_shard(iteration, policy, shard, shards)
-    return {"table": FileRef.of(path), "stats": stats.__dict__}
+            path, stats = steps.play_shard(memory.rollout_worker(settings), iteration, checkpoint, shard)
+    return {"table": str(path), "stats": stats.__dict__}
 
 
-@task(name="score-rollout", task_run_name="score-{iteration}",
-      cache_policy=ArtifactCachePolicy(sections=("algo", "engine.sampling", *RUN)), **TASK_DEFAULTS)
-def score_rollout(config: dict[str, Any], shards: list[FileRef], iteration: int) -> FileRef:
-    """Concatenate an iteration's shards and add returns and advantages."""
-    settings = Settings.from_config(config)
-    table = pl.concat([read_trajectories(ref.resolve()) for ref in shards])
-    scored = score_iteration(settings, table)
-    return FileRef.of(write_trajectories(scored, RunPaths.of(settings).rollout(iteration)))
+@task(name="score-rollout", task_run_name="score-{iteration}", **STEP_DEFAULTS)
+def score_rollout(settings: Settings, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
+    """The iteration's table with returns and advantages (written under the run)."""
+    return steps.score(settings, tables, iteration)
 
 
-@task(name="train-iteration", task_run_name="update-{iteration}",
-      cache_policy=ArtifactCachePolicy(sections=("model", "algo", "train", "engine.sampling", *RUN)), **TASK_DEFAULTS)
-def train_iteration(
-    config: dict[str, Any], model: FileRef, table: FileRef, checkpoint: FileRef | None, iteration: int
-) -> dict[str, Any]:
-    """One PPO update from ``checkpoint`` on ``table``; checkpoint the result."""
-    settings = Settings.from_config(config)
-    model.resolve()
-    scored = read_trajectories(table.resolve())
+# No retry: a failed update may leave the weights half-updated. The run resumes from its newest checkpoint.
+@task(name="train-iteration", task_run_name="update-{iteration}", **(STEP_DEFAULTS | {"retries": 0}))
+def update_policy(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
+    """One PPO update of the trainer's policy on the scored table."""
     with memory.LOCK:
-        state = memory.training_state(settings, checkpoint)
-        try:
-            with memory.engine_asleep():
-                update = state.update(scored, iteration)
-            metrics = iteration_metrics(iteration, scored, update)
-            saved = state.save(iteration, metrics)
-        except BaseException:
-            memory.forget_training_state()  # the in-memory weights may be half-updated: never reuse them
-            raise
-    return {"checkpoint": FileRef.of(saved.path, "checkpoint"), "metrics": metrics}
+        return steps.update(state, table, iteration)
+
+
+@task(name="save-checkpoint", task_run_name="checkpoint-{iteration}", **STEP_DEFAULTS)
+def save_checkpoint(state: TrainingState, metrics: dict[str, Any], iteration: int) -> ckpt.Checkpoint:
+    """Checkpoint the trainer's weights, optimizer and RNG state after ``iteration``."""
+    with memory.LOCK:
+        return steps.save(state, metrics)
+
+
+class FlowSteps(Steps):
+    """The steps of :func:`mage.run.loop.train` as Prefect tasks, rollout shards on ``runner``."""
+
+    def __init__(self, settings: Settings, runner: TaskRunner) -> None:
+        super().__init__(settings, progress=False)
+        self.runner = runner
+        self.model: FileRef | None = None
+
+    def _configured(self, step: Any) -> Any:
+        return configured(step, self.settings.flow)
+
+    def prepare(self) -> None:
+        self.model = self._configured(prepare_model)(self.settings)
+
+    def rollout(self, state: TrainingState, iteration: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
+        from tasks.ray_workers import shard_options
+
+        shards = range(self.settings.flow.rollout_shards)
+        if not self.settings.flow.remote_rollouts:
+            task = self._configured(rollout_here)
+            futures = [self.runner.submit(task, {"state": state, "iteration": iteration, "shard": s}) for s in shards]
+            played = [future.result() for future in futures]
+            return [table for table, _ in played], [stats for _, stats in played]
+        # other processes sample from the newest checkpoint, which with them is written every iteration
+        checkpoint = str(state.checkpoint.path) if state.checkpoint is not None else None
+        task = self._configured(rollout_elsewhere)
+        with shard_options(self.settings.flow):
+            futures = [self.runner.submit(task, {"settings": self.settings, "checkpoint": checkpoint,
+                                                 "iteration": iteration, "shard": s}) for s in shards]
+        played = [future.result() for future in futures]
+        return [read_trajectories(Path(p["table"])) for p in played], [RolloutStats(**p["stats"]) for p in played]
+
+    def score(self, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
+        return self._configured(score_rollout)(self.settings, tables, iteration)
+
+    def update(self, state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
+        return self._configured(update_policy)(state, table, iteration)
+
+    def save(self, state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
+        return self._configured(save_checkpoint)(state, metrics, state.iteration)
+
+    def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
+        evaluate = self._configured(evaluate_checkpoint)
+        checkpoint = FileRef.of(state.checkpoint.path, "checkpoint")
+        return {split: evaluate(self.settings, self.model, checkpoint, split)["final"]
+                for split in steps.evaluation_splits(self.settings)}
+
+    def report(self, metrics: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
+        log = get_run_logger()
+        log.info(describe_iteration(history[-1]))
+        if warning:
+            log.warning(warning)
+        publish_training_table(self.settings.run_name, history)
+
+    def reported_evaluation(self, iteration: int, split: str, final: list[dict[str, Any]]) -> None:
+        get_run_logger().info(f"evaluation at iteration {iteration} ({split}): final-episode win rate "
+                              + ", ".join(f"{row['opponent']} {row['final_win_rate']:.2f}" for row in final))

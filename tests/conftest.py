@@ -1,6 +1,7 @@
 """Test-wide settings: offline, quiet, no telemetry."""
 
 import atexit
+import functools
 import os
 import shutil
 import tempfile
@@ -19,21 +20,61 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402  (the environment above must be set before any import)
 
 
+# -- settings for tests that build one section by hand ------------------------------------
+# Sections have no defaults (params/ holds them): a test that needs one section builds it
+# here, with the spec's values (MAGE-SPEC 2-5) or params/'s, and changes what it tests.
+def sampling(**changes):
+    """Plain sampling: temperature 1, no top-p or top-k filter, 256 new tokens, phase stops."""
+    from mage.sections import SamplingSettings
+
+    return SamplingSettings(**({"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, "stop": None,
+                                "seed": None} | changes))
+
+
+def rollout_config(**changes):
+    """The spec's meta-episodes: 3 episodes, groups of 8, early stop, reflections only, the same
+    initial state, prompts of up to 4096 tokens (oldest episodes dropped beyond), all at once."""
+    from mage.sections import RolloutConfig
+
+    return RolloutConfig(**({"episodes": 3, "group_size": 8, "early_stop": True, "context_mode": "reflection_only",
+                             "same_initial_state": True, "max_prompt_tokens": 4096, "prompt_overflow": "drop_oldest",
+                             "concurrency": None} | changes))
+
+
+@functools.cache
+def defaults(*overrides: str):
+    """The settings params/ composes (with ``overrides``), validated."""
+    from mage.settings import load_settings
+
+    return load_settings(list(overrides))
+
+
+def algo_config(**changes):
+    """params/algo/mage.yaml's settings (the spec's), with ``changes``."""
+    import dataclasses
+
+    return dataclasses.replace(defaults().algo, **changes)
+
+
+def train_config(**changes):
+    """params/train/default.yaml's settings, with ``changes``."""
+    import dataclasses
+
+    return dataclasses.replace(defaults().train, **changes)
+
+
 def game_text_corpus() -> list[str]:
     """Prompts and replies of a few scripted Kuhn and Tic-Tac-Toe rollouts."""
-    from mage.backends import SamplingSettings
     from mage.backends.scripted import ScriptedBackend
-    from mage.config import compose
-    from mage.population import population_entries
-    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+    from mage.rollout import RolloutEngine, plan_meta_episodes
 
     texts = []
     for game in ("kuhn_poker", "tic_tac_toe"):
-        cfg = compose([f"game={game}"])
-        entries = [e for e in population_entries(cfg) if e.split == "train" and e.opponent != "mcts"]
+        settings = defaults(f"game={game}")
+        entries = [e for e in settings.population.train.values() if e.opponent != "mcts"]
         specs = plan_meta_episodes(entries, num_groups=4, group_size=2, seed=0)
-        engine = RolloutEngine(ScriptedBackend("random", seed=0), RolloutConfig(group_size=2), cfg.game.params)
-        table = engine.run(specs, SamplingSettings(), progress=False)
+        engine = RolloutEngine(ScriptedBackend("random", seed=0), rollout_config(group_size=2), settings.game.params)
+        table = engine.run(specs, sampling(), progress=False)
         texts += table["prompt"].to_list() + table["response"].to_list()
     return texts
 
@@ -41,7 +82,7 @@ def game_text_corpus() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small random Qwen2 model and a tokenizer trained on game text, saved to a directory."""
-    from mage.models.tiny import check_round_trip, random_model, train_tokenizer
+    from mage.build.tiny import check_round_trip, random_model, train_tokenizer
 
     directory = tmp_path_factory.mktemp("tiny-model")
     corpus = game_text_corpus()
@@ -141,7 +182,7 @@ def _teach_model(directory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mage.models.tiny import random_model, train_tokenizer
+    from mage.build.tiny import random_model, train_tokenizer
 
     tokenizer = train_tokenizer(game_text_corpus() + list(TAUGHT) + list(TAUGHT.values()), vocab_size=400)
     model = random_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)

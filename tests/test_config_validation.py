@@ -2,7 +2,7 @@
 
 The bad values are drawn by hypothesis from outside each field's allowed range (the ranges
 are written here from what each setting means, not read from the code), and each must fail
-``load_settings``, ``python -m mage.config`` and the flows' command line, the last before a
+``load_settings``, ``python -m mage config`` and the flows' command line, the last before a
 Prefect flow run starts.
 """
 
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 import flows.__main__ as flows_cli
-from mage import config as mage_config
+import mage.__main__ as mage_cli
 from mage.settings import SettingsError, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def test_every_bad_value_stops_the_command_line_before_a_flow_starts(key, monkey
     assert not started, "a flow was started"
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: ") and "\n" not in err, err
-    assert mage_config.main([text]) == 2
+    assert mage_cli.main(["config", text]) == 2
 
 
 @settings(max_examples=40, deadline=None)
@@ -198,7 +198,7 @@ def test_a_cross_field_rule_is_checked_before_work():
 @pytest.fixture
 def composed(tmp_path) -> Path:
     path = tmp_path / "params.yaml"
-    assert mage_config.main(["--output", str(path)]) == 0
+    assert mage_cli.main(["config", "--output", str(path)]) == 0
     return path
 
 
@@ -246,3 +246,63 @@ def test_a_missing_key_in_the_tree_names_the_key_and_its_file(tmp_path, monkeypa
     monkeypatch.setenv("MAGE_CONFIG_DIR", str(tree))
     with pytest.raises(SettingsError, match=r"^train.grad_clip: missing \(in .*train/default.yaml"):
         load_settings()
+
+
+# -- one place, strictly: no section has a default of its own, and every section is whole --
+def test_no_section_field_has_a_default_every_default_lives_in_params():
+    import dataclasses
+
+    import mage.sections as sections
+
+    kinds = [k for k in vars(sections).values() if isinstance(k, type) and dataclasses.is_dataclass(k)
+             and k.__module__ == sections.__name__]
+    assert len(kinds) >= 15
+    with_defaults = [f"{k.__name__}.{f.name}" for k in kinds for f in dataclasses.fields(k)
+                     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+    assert with_defaults == []
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("+flow.ray.nodes=3", r"^flow.ray: unknown key\(s\) \['nodes'\]"),
+    ("~flow.ray.num_cpus", r"^flow.ray.num_cpus: missing"),
+    ("~engine.sampling.top_k", r"^engine.sampling.top_k: missing"),
+    ("~model.tiny.check_sampling.top_k", r"^model.tiny.check_sampling.top_k: missing"),
+    ("+population.train.conservative.level=2", r"^population.train.conservative: unknown field\(s\) \['level'\]"),
+    ("+population.held_out.random.share=lots", r"^population.held_out.random.share: "),
+])
+def test_nested_sections_and_population_entries_are_built_strictly(override, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings([override])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 100))
+def test_grpo_over_several_episodes_is_rejected_saying_how_to_fix_it(episodes):
+    with pytest.raises(SettingsError, match=rf"^algo.estimator: grpo is single-episode RL, and engine.episodes is "
+                                            rf"{episodes}: set engine.episodes=1"):
+        load_settings(["algo=grpo", f"engine.episodes={episodes}"])
+    assert load_settings(["algo=grpo"]).engine.episodes == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 50), st.sampled_from(["flow.runner=process", "flow.runner=ray", "engine.backend=vllm"]))
+def test_rollouts_from_checkpoints_need_a_checkpoint_every_iteration(every, where):
+    with pytest.raises(SettingsError, match=rf"^train.checkpoint_every: must be 1 with {where.split('=')[0]}="
+                                            rf".* got {every}; set train.checkpoint_every=1"):
+        load_settings([where, f"train.checkpoint_every={every}"])
+    # on threads of the trainer's process the rollouts sample from the policy in memory
+    assert load_settings(["flow.runner=sequential", f"train.checkpoint_every={every}"]).train.checkpoint_every == every
+
+
+def test_more_rollout_shards_than_groups_is_rejected():
+    with pytest.raises(SettingsError, match=r"^flow.rollout_shards: 17 shards for 16 groups leave 1 with nothing"):
+        load_settings(["flow.rollout_shards=17"])
+
+
+def test_an_objective_or_estimator_that_is_not_registered_is_named_with_the_registered_ones():
+    with pytest.raises(SettingsError, match=r"^algo.estimator: must be one of \['gigpo', 'grpo'\] "
+                                            r"\(mage.algo.register_estimator adds one\), got 'ppo'"):
+        load_settings(["algo.estimator=ppo"])
+    with pytest.raises(SettingsError, match=r"^algo.objective: must be one of \['cumulative', 'differential', "
+                                            r"'single_episode'\]"):
+        load_settings(["algo.objective=final"])

@@ -36,7 +36,7 @@ def test_the_readme_names_the_two_commands_and_ci_runs_the_test_command():
         ("+game.params.turn_limt=3", r"game.params: unknown key\(s\) \['turn_limt'\].*turn_limit"),
         ("flow.runner=dask", "flow.runner: must be 'thread', 'process', 'sequential' or 'ray'"),
         ("flow.nightly_cron='at two'", "five-field cron"),
-        ("eval.split=everyone", "eval.split: must be 'held_out', 'train' or 'all'"),
+        ("eval.split=everyone", "eval.split: must be 'train', 'held_out' or 'all'"),
         ("population.train.conservative.share=0.5", "shares sum to 1.2"),
     ],
 )
@@ -62,8 +62,8 @@ def test_every_preset_and_the_paper_experiment_compose():
     long, default = load_settings(["+experiment=sokoban_long"]), load_settings(["game=sokoban"])
     assert (long.game, long.population) == (default.game, default.population)
     # the same method; its length penalty starts at half a longer response limit (256: the reflections list moves)
-    assert (long.engine.sampling.max_new_tokens, long.algo.max_response_tokens) == (256, 256)
-    assert long.algo == dataclasses.replace(default.algo, max_response_tokens=256)
+    assert (long.engine.sampling.max_new_tokens, default.engine.sampling.max_new_tokens) == (256, 128)
+    assert long.algo == default.algo
     assert long.model.path != default.model.path and long.model.local_dir == long.model.path
     assert long.model.tiny.bc_rules == ({"rule": "wanderer", "solver_probability": 0.75, "look_around": True},)
     assert long.train.iterations > default.train.iterations
@@ -75,9 +75,9 @@ def test_every_preset_and_the_paper_experiment_compose():
     assert entries == {**{(e.id, e.split): dict(e.game_params) for e in long.population.entries},
                        ("boxes_2", "train"): {"num_boxes": 2, "levels": 32}, ("boxes_2_new", "held_out"): {"num_boxes": 2}}
     assert levels.run_name == "mage-sokoban-levels32-tiny-seed0" != long.run_name
-    assert (levels.engine.groups, levels.engine.rollout.group_size, levels.engine.sampling.temperature) == (32, 4, 0.7)
+    assert (levels.engine.groups, levels.engine.group_size, levels.engine.sampling.temperature) == (32, 4, 0.7)
     paper = load_settings(["+experiment=paper"])
-    assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.rollout.group_size) == (
+    assert (paper.model.name, paper.engine.backend, paper.engine.groups, paper.engine.group_size) == (
         "qwen3_4b", "vllm", 16, 8)
     # The real-model presets differ from each other only by name, dtype and LoRA settings.
     a, b = load_settings(["model=qwen3_4b"]).model, load_settings(["model=qwen2_5_0_5b"]).model
@@ -93,14 +93,14 @@ def test_the_baselines_are_the_paper_s_at_mage_s_episode_budget(game, scale):
 
     def budget(settings) -> int:  # episodes played per iteration at most
         engine = settings.engine
-        return engine.groups * engine.rollout.group_size * engine.rollout.episodes
+        return engine.groups * engine.group_size * engine.episodes
 
     mage = composed("mage")
-    assert (mage.algo.objective, mage.algo.estimator, mage.engine.rollout.episodes) == ("differential", "gigpo", 3)
+    assert (mage.algo.objective, mage.algo.estimator, mage.engine.episodes) == ("differential", "gigpo", 3)
     for algo, objective, estimator in (("grpo", "single_episode", "grpo"), ("gigpo", "single_episode", "gigpo")):
         settings = composed(algo)
         assert (settings.algo.objective, settings.algo.estimator) == (objective, estimator)
-        assert settings.engine.rollout.episodes == 1  # single-episode RL: no reflection, no later episode
+        assert settings.engine.episodes == 1  # single-episode RL: no reflection, no later episode
         assert budget(settings) == budget(mage)
         assert settings.train == mage.train and settings.eval == mage.eval  # nothing else differs
     lamer = composed("lamer")

@@ -85,36 +85,38 @@ def test_a_stage_declares_the_code_its_flow_imports(name):
 
 
 def test_the_closure_follows_lazy_imports_and_packages():
-    # flows/evaluate imports mage.evaluation inside a function (tasks.evaluation does), and
-    # importing tasks.evaluation runs tasks/__init__.py
-    found = closure("flows.evaluate")
-    assert {"mage/evaluation.py", "tasks/__init__.py", "mage/train/loop.py", "mage/report.py"} <= found
+    # flows/train imports the Ray workers inside a function (tasks.training does), and importing
+    # tasks.training runs tasks/__init__.py and mage/run/__init__.py
+    found = closure("flows.train")
+    assert {"tasks/ray_workers.py", "tasks/__init__.py", "mage/run/loop.py", "mage/run/__init__.py"} <= found
     # the population stage never reaches the training tasks
     assert "tasks/training.py" not in closure("flows.seed_population")
 
 
-def cache_sections() -> dict[str, tuple[str, ...]]:
-    """The config sections each task's cache key reads (what the task's result depends on)."""
-    from tasks.evaluation import evaluate_checkpoint, write_report
-    from tasks.model import prepare_model
-    from tasks.population import seed_population
-    from tasks.training import rollout_shard, score_rollout, train_iteration
+#: The steps (mage.run.steps.READS) each stage's flow runs.
+STAGE_STEPS = {"seed_population": ("seed_population",), "prepare_model": ("prepare_model",),
+               "train": ("start", "rollout", "score", "update"), "evaluate": ("evaluate",),
+               "evaluate_start": ("evaluate",), "report": ("report",)}
 
-    tasks = {"seed_population": [seed_population], "prepare_model": [prepare_model],
-             "train": [rollout_shard, score_rollout, train_iteration], "evaluate": [evaluate_checkpoint],
-             "evaluate_start": [evaluate_checkpoint], "report": [write_report]}
-    return {stage: tuple(s for t in ts for s in t.cache_policy.sections if not s.startswith("paths"))
-            for stage, ts in tasks.items()}
+
+def test_every_stage_is_mapped_to_its_steps():
+    assert set(STAGE_STEPS) == set(stages())
 
 
 @pytest.mark.parametrize("name", sorted(stages()))
-def test_a_stage_declares_the_config_its_tasks_key_on(name):
-    from tasks.caching import SCHEDULE_KEYS
+def test_a_stage_declares_the_settings_its_steps_read_and_no_other(name):
+    """DVC re-runs a stage when one of its ``params`` changes: they must cover every setting
+    the stage's steps read (where files go, ``paths``, is DVC's deps and outs), and each must
+    be read by one of them."""
+    from mage.run.steps import READS
 
-    declared = stages()[name].get("params", [])
-    for section in cache_sections()[name]:
-        covered = any(section == p or section.startswith(p + ".") for p in declared)
-        # a declared sub-key list (population.train, ...) covers its section only together
-        parts = [p for p in declared if p.startswith(section + ".")]
-        scheduled = section in SCHEDULE_KEYS
-        assert covered or parts or scheduled, f"dvc.yaml stage {name!r} does not declare the {section!r} params"
+    params = [str(p) for p in stages()[name].get("params", [])]
+    reads = {key for step in STAGE_STEPS[name] for key in READS[step] if not key.startswith("paths.")}
+    for key in sorted(reads):
+        # a whole section read is covered by its declared sub-keys only where they are all it holds
+        covered = any(key == p or key.startswith(p + ".") for p in params)
+        assert covered or [p for p in params if p.startswith(key + ".")], \
+            f"dvc.yaml stage {name!r} does not declare {key!r}, which its steps read"
+    for param in params:
+        assert any(param == k or k.startswith(param + ".") or param.startswith(k + ".") for k in reads), \
+            f"dvc.yaml stage {name!r} declares {param!r}, which none of its steps reads"

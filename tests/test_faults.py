@@ -10,25 +10,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import process_ended
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from conftest import process_ended
 
 from mage import io
-from mage.config import compose
-from mage.settings import Settings
+from mage.run import RunLayout, train
+from mage.run.state import start_training
+from mage.settings import Settings, load_settings
 from mage.train import checkpoint as ckpt
-from mage.train.loop import RunPaths, start_training, train
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
-    return Settings.from_config(compose([
+    return load_settings([
         f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=2", "train.mini_batch_size=8",
         "engine.groups=2", "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=6",
         f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *extra,
-    ]))
+    ])
 
 
 # -- damaged files: one line naming the file and what to do ---------------------------------
@@ -68,7 +68,7 @@ def test_json_lines_read_back_what_was_written_and_name_a_bad_line(tmp_path_fact
 def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_model_dir, tmp_path, caplog):
     settings = tiny_run(tiny_model_dir, tmp_path)
     train(settings, progress=False)
-    root = RunPaths.of(settings).checkpoints
+    root = RunLayout.of(settings).checkpoints
     first, second = ckpt.list_checkpoints(root)
     (second.path / "model.safetensors").write_bytes(b"\x00garbage, not safetensors" * 10)
     # resume takes the newest complete checkpoint, saying which one it skipped and why
@@ -81,7 +81,7 @@ def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_mo
     # evaluating it, by name or as the run's final checkpoint, is the same one line (no stand-in)
     from flows.evaluate import checkpoint_ref
 
-    io.write_json(RunPaths.of(settings).root / "final.json", {"checkpoint": str(second.path)})
+    io.write_json(RunLayout.of(settings).root / "final.json", {"checkpoint": str(second.path)})
     for explicit in (str(second.path), None):
         with pytest.raises(io.CorruptFileError, match=rf"^{second.path}/model.safetensors: does not match the "
                                                       r"checkpoint's manifest; delete this checkpoint directory"):
@@ -96,7 +96,7 @@ def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_mo
 # -- kills leave nothing behind -----------------------------------------------------------
 def test_temporaries_of_a_killed_write_are_removed_at_the_next_start(tiny_model_dir, tmp_path, caplog):
     settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=1")
-    paths = RunPaths.of(settings)
+    paths = RunLayout.of(settings)
     debris = [paths.checkpoints / ".ckpt-00002.k3j_x9az", paths.checkpoints / ".ckpt-00001.old",
               paths.root / ".metrics.jsonl.ab12cd34.tmp"]
     for path in debris[:2]:
@@ -114,7 +114,7 @@ def test_temporaries_of_a_killed_write_are_removed_at_the_next_start(tiny_model_
 def test_a_checkpoint_is_replaced_whole(tiny_model_dir, tmp_path, monkeypatch):
     settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=1")
     train(settings, progress=False)
-    root = RunPaths.of(settings).checkpoints
+    root = RunLayout.of(settings).checkpoints
     (old,) = ckpt.list_checkpoints(root)
     state = start_training(settings)
     # killed between moving the old one aside and moving the new one in: the old one survives

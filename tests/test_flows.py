@@ -1,4 +1,5 @@
-"""The flows under Prefect's test harness: results, caching, stale references, retries, config errors.
+"""The flows under Prefect's test harness: the library's iterations, resume, caching, stale references, retries,
+config errors.
 
 Every flow runs for real (a temporary Prefect server, the real tasks, a small random model);
 task states are read back from the Prefect API.
@@ -19,12 +20,12 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowR
 from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
 from safetensors.torch import load_file
 
-import tasks.training
 from flows import evaluate, nightly_evaluation, train
+from mage.run import RunLayout, steps
+from mage.run import train as library_train
+from mage.run.layout import evaluation_dir
 from mage.settings import SettingsError, load_settings
 from mage.train import checkpoint as ckpt
-from mage.train.loop import RunPaths
-from mage.train.loop import train as library_train
 from tasks import state as memory
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -70,76 +71,133 @@ def state_names(state) -> dict[str, str]:
 
 
 def final_weights(settings) -> dict[str, torch.Tensor]:
-    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    latest = ckpt.latest_checkpoint(RunLayout.of(settings).checkpoints)
     return load_file(latest.path / "model.safetensors")
 
 
-def test_train_flow_gives_the_library_s_weights(tiny_model_dir, tmp_path):
-    state = train(overrides(tiny_model_dir, tmp_path / "flow"), return_state=True)
+def run_files(settings) -> dict[str, bytes]:
+    """What a run leaves that must repeat bitwise: its tables, its weights, metrics.jsonl and
+    final.json, and the evaluation tables made on the way (relative path -> bytes)."""
+    layout = RunLayout.of(settings)
+    files = {"metrics.jsonl": layout.metrics.read_bytes(), "final.json": layout.final.read_bytes()}
+    for path in sorted(layout.rollouts.glob("iteration-*.parquet")):
+        files[f"rollouts/{path.name}"] = path.read_bytes()
+    for path in sorted(layout.checkpoints.glob("ckpt-*/model.safetensors")):
+        files[str(path.relative_to(layout.root))] = path.read_bytes()
+    evaluations = evaluation_dir(settings, "ckpt").parent
+    for path in sorted(evaluations.glob("ckpt-*/*.parquet")):
+        files[f"eval/{path.relative_to(evaluations)}"] = path.read_bytes()
+    return files
+
+
+def test_the_flow_and_the_library_run_the_same_iterations(tiny_model_dir, tmp_path):
+    # 3 iterations, checkpointed every 2 (and at the last), evaluated every 2: run by the flow
+    # (each step a task) and by the library's loop in this process, they leave the same bytes.
+    extra = ("train.iterations=3", "train.checkpoint_every=2", "train.eval_every=2")
+    state = train(overrides(tiny_model_dir, tmp_path / "flow", *extra), return_state=True)
     assert state.is_completed()
     result = state.result()
-    assert Path(result["checkpoint"].path).name == "ckpt-00002"
+    assert Path(result["checkpoint"]).name == "ckpt-00003" and set(result["evaluations"]) == {2}
+    names = state_names(state)
+    assert {f"{step}-{i}" for step in ("score", "update") for i in (1, 2, 3)} <= set(names)
+    assert set(names) & {"checkpoint-2", "checkpoint-3"} == {"checkpoint-2", "checkpoint-3"}
+    assert "checkpoint-1" not in names and names["evaluate-held_out"] == "Completed"
 
-    direct = load_settings(overrides(tiny_model_dir, tmp_path / "direct"))
-    library_train(direct, progress=False)
-    flowed = load_settings(overrides(tiny_model_dir, tmp_path / "flow"))
-    a, b = final_weights(flowed), final_weights(direct)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    table_a = pl.read_parquet(RunPaths.of(flowed).rollout(2))
-    table_b = pl.read_parquet(RunPaths.of(direct).rollout(2))
-    assert table_a.equals(table_b)
-    # The metrics file has one line per iteration, as the library writes it: the same figures
-    # (the rollout's included), equal but for what is measured (time, memory).
-    lines = [json.loads(line) for line in RunPaths.of(flowed).metrics.read_text().splitlines()]
-    library_lines = [json.loads(line) for line in RunPaths.of(direct).metrics.read_text().splitlines()]
-    assert [m["iteration"] for m in lines] == [1, 2] and all("train/kl" in m for m in lines)
-    for mine, theirs in zip(lines, library_lines, strict=True):
-        assert mine.keys() == theirs.keys() and "rollout/invalid_rate" in mine
-        measured = {k for k in mine if "per_second" in k or "seconds" in k or "memory" in k}
-        assert {k: v for k, v in mine.items() if k not in measured} == {k: v for k, v in theirs.items() if k not in measured}
+    direct = load_settings(overrides(tiny_model_dir, tmp_path / "direct", *extra))
+    library = library_train(direct, progress=False)
+    assert library.iterations == [1, 2, 3] and set(library.evaluations) == {2}
+    flowed = load_settings(overrides(tiny_model_dir, tmp_path / "flow", *extra))
+    layout = RunLayout.of(flowed)
+    assert sorted(p.name for p in layout.checkpoints.iterdir()) == ["ckpt-00002", "ckpt-00003"]
+    assert {p.name for p in evaluation_dir(flowed, "ckpt").parent.iterdir()} == {"ckpt-00002"}
+    a, b = run_files(flowed), run_files(direct)
+    assert a.keys() == b.keys() and len([k for k in a if k.startswith("eval/")]) == 1
+    assert [name for name in a if a[name] != b[name]] == []
+    lines = [json.loads(line) for line in layout.metrics.read_text().splitlines()]
+    assert [m["iteration"] for m in lines] == [1, 2, 3] and all("train/kl" in m for m in lines)
+    assert json.loads(layout.final.read_text())["checkpoint"] == "checkpoints/ckpt-00003"
+    # what is measured (time, memory) is kept apart, one line per iteration too
+    performance = [json.loads(line) for line in layout.performance.read_text().splitlines()]
+    assert [p["iteration"] for p in performance] == [1, 2, 3] and all("train/seconds" in p for p in performance)
+    # dvclive: one step per iteration, from the same records
+    live = Path(flowed.paths.live) / "plots" / "metrics" / "train" / "kl.tsv"
+    assert [line.split("\t")[0] for line in live.read_text().splitlines()] == ["step", "1", "2", "3"]
 
 
-def test_a_second_run_hits_the_cache_and_a_longer_run_reuses_finished_iterations(tiny_model_dir, tmp_path):
+def test_a_second_run_resumes_and_a_longer_run_runs_only_what_it_adds(tiny_model_dir, tmp_path):
     args = overrides(tiny_model_dir, tmp_path)
     first = state_names(train(args, return_state=True))
     steps = {"rollout-1-shard-0", "score-1", "update-1", "rollout-2-shard-0", "score-2", "update-2"}
     assert {first[name] for name in steps} == {"Completed"}
     assert "prepare-model" in first  # (cached already if an earlier test used the same model)
+    weights = final_weights(load_settings(args))
 
     second = state_names(train(args, return_state=True))
-    assert set(second.values()) == {"Cached"}, second
+    assert set(second) == {"prepare-model"}, second  # every iteration is done: nothing runs again
 
     longer = state_names(train([*args, "train.iterations=3"], return_state=True))
-    assert {longer[f"{step}-{i}"] for step in ("score", "update") for i in (1, 2)} == {"Cached"}
+    assert set(longer) == {"prepare-model", "rollout-3-shard-0", "score-3", "update-3", "checkpoint-3"}
     assert longer["rollout-3-shard-0"] == longer["score-3"] == longer["update-3"] == "Completed"
-
-
-def test_a_result_whose_file_is_gone_is_computed_again(tiny_model_dir, tmp_path, caplog):
-    args = overrides(tiny_model_dir, tmp_path)
-    train(args)
-    settings = load_settings(args)
-    shard = RunPaths.of(settings).rollout_shard(2, 0)
-    shard.unlink()
-    caplog.clear()
+    # a run whose final checkpoint is gone goes on from the one before, to the same weights
+    layout = RunLayout.of(load_settings(args))
+    shutil.rmtree(layout.checkpoints / "ckpt-00003")
+    shutil.rmtree(layout.checkpoints / "ckpt-00002")
     again = state_names(train(args, return_state=True))
-    assert again["rollout-2-shard-0"] == "Completed"  # its file was gone: it ran again, and said why
-    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and str(shard) in r.getMessage()] == [
-        f"rollout-shard: {shard} changed or disappeared since its cached run wrote it; computing it again"]
-    assert shard.is_file()
-    assert again["rollout-1-shard-0"] == again["score-1"] == again["update-1"] == "Cached"
+    assert set(again) == {"prepare-model", "rollout-2-shard-0", "score-2", "update-2", "checkpoint-2"}
+    after = final_weights(load_settings(args))
+    assert after.keys() == weights.keys() and all(torch.equal(after[k], weights[k]) for k in after)
+
+
+def test_a_run_name_under_other_settings_starts_again_and_keeps_the_old_run(tiny_model_dir, tmp_path, caplog):
+    # The rollouts depend on algo.grouping: a second run of the same name with mixed groups plays
+    # mixed groups, not the stationary run's rollouts; the first run is moved aside, not lost.
+    def opponents_per_group(args) -> set[int]:
+        table = pl.read_parquet(RunLayout.of(load_settings(args)).rollout(1))
+        return set(table.group_by("group_id").agg(pl.col("opponent").n_unique())["opponent"].to_list())
+
+    extra = ("train.iterations=1", "engine.groups=4", "engine.group_size=4")
+    stationary = overrides(tiny_model_dir, tmp_path, *extra, "algo.grouping=stationary")
+    train(stationary)
+    assert opponents_per_group(stationary) == {1}
+    mixed = overrides(tiny_model_dir, tmp_path, *extra, "algo.grouping=mixed")
+    caplog.clear()
+    names = state_names(train(mixed, return_state=True))
+    assert names["rollout-1-shard-0"] == "Completed"
+    assert max(opponents_per_group(mixed)) > 1
+    root = RunLayout.of(load_settings(mixed)).root
+    (kept,) = root.parent.glob(f"{root.name}.replaced-*")
+    assert (kept / "checkpoints" / "ckpt-00001").is_dir()
+    assert any("algo.grouping: 'stationary' -> 'mixed'" in r.getMessage() and str(kept) in r.getMessage()
+               for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_a_cached_result_whose_file_is_gone_is_computed_again(tiny_model_dir, tmp_path, caplog):
+    args = overrides(tiny_model_dir, tmp_path, "train.iterations=1")
+    train(args)
+    evaluate(args, split="held_out", report=False)
+    table = evaluation_dir(load_settings(args), "ckpt-00001") / "held_out.parquet"
+    table.unlink()
+    caplog.clear()
+    again = state_names(evaluate(args, split="held_out", report=False, return_state=True))
+    assert again["evaluate-held_out"] == "Completed"  # its file was gone: it ran again, and said why
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and str(table) in r.getMessage()] == [
+        f"evaluate-checkpoint: {table} changed or disappeared since its cached run wrote it; computing it again"]
+    assert table.is_file()
+    assert state_names(evaluate(args, split="held_out", report=False, return_state=True))["evaluate-held_out"] == \
+        "Cached"
 
 
 def test_a_transient_failure_is_retried_and_the_flow_completes(tiny_model_dir, tmp_path, monkeypatch):
-    real = tasks.training.score_iteration
+    real = steps.score
     calls = {"n": 0}
 
-    def flaky(settings, table):
+    def flaky(settings, tables, iteration):
         calls["n"] += 1
         if calls["n"] == 1:
             raise OSError("simulated I/O hiccup")
-        return real(settings, table)
+        return real(settings, tables, iteration)
 
-    monkeypatch.setattr(tasks.training, "score_iteration", flaky)
+    monkeypatch.setattr(steps, "score", flaky)
     state = train(overrides(tiny_model_dir, tmp_path, "train.iterations=1"), return_state=True)
     assert state.is_completed()
     runs = task_runs(state)
@@ -147,10 +205,10 @@ def test_a_transient_failure_is_retried_and_the_flow_completes(tiny_model_dir, t
 
 
 def test_a_programming_error_is_not_retried(tiny_model_dir, tmp_path, monkeypatch):
-    def broken(settings, table):
+    def broken(settings, tables, iteration):
         raise ValueError("a bug, not a hiccup")
 
-    monkeypatch.setattr(tasks.training, "score_iteration", broken)
+    monkeypatch.setattr(steps, "score", broken)
     state = train(overrides(tiny_model_dir, tmp_path, "train.iterations=1"), return_state=True)
     assert state.is_failed()
     assert task_runs(state)["score-1"].run_count == 1
@@ -174,7 +232,7 @@ def test_shards_fan_out_through_a_process_pool(tiny_model_dir, tmp_path):
     assert state.is_completed()
     names = state_names(state)
     assert names["rollout-1-shard-0"] == names["rollout-1-shard-1"] == "Completed"
-    table = pl.read_parquet(RunPaths.of(load_settings(args)).rollout(1))
+    table = pl.read_parquet(RunLayout.of(load_settings(args)).rollout(1))
     assert sorted(table["group_id"].unique().to_list()) == [0, 1, 2, 3]  # every group, from both shards
 
 
@@ -210,7 +268,7 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     # headline numbers.
     headline = Path(settings.paths.metrics)
     headline.write_text('{"sentinel": 1}\n')
-    first = RunPaths.of(settings).checkpoints / "ckpt-00001"
+    first = RunLayout.of(settings).checkpoints / "ckpt-00001"
     earlier, earlier_report = tmp_path / "eval-ckpt1", tmp_path / "report-ckpt1"
     assert cli.main(["evaluate", *args, "--checkpoint", str(first), "--split", "all", "--no-report",
                      "--out-dir", str(earlier)]) == 0
@@ -225,7 +283,7 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(final_tables),
                      "--out-dir", str(tmp_path / "report-1-over-2")]) == 0
     about = json.loads((tmp_path / "report-1-over-2" / "report.json").read_text())["about"]
-    final_checkpoint = str(RunPaths.of(settings).checkpoints / "ckpt-00002")
+    final_checkpoint = str(RunLayout.of(settings).checkpoints / "ckpt-00002")
     assert about["compared_with"] == final_checkpoint
     assert f"(start: {final_checkpoint} -> evaluated" in (tmp_path / "report-1-over-2" / "report.md").read_text()
     # the sampling is the tables', not the configuration's at report time
@@ -278,10 +336,10 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     assert directory.name == settings.run_name and directory.parent.parent == Path(settings.paths.nightly)
     assert (directory / "report.md").is_file() and (directory / "held_out.parquet").is_file()
     about = json.loads((directory / "report.json").read_text())["about"]
-    assert about["checkpoint"] == str(RunPaths.of(settings).checkpoints / "ckpt-00002")
+    assert about["checkpoint"] == str(RunLayout.of(settings).checkpoints / "ckpt-00002")
     named = nightly_evaluation(args, run="other")
     about = json.loads((Path(named["directory"]) / "report.json").read_text())["about"]
-    assert about["checkpoint"] == str(RunPaths.of(load_settings(other)).checkpoints / "ckpt-00001")
+    assert about["checkpoint"] == str(RunLayout.of(load_settings(other)).checkpoints / "ckpt-00001")
     with pytest.raises(ValueError, match="plain name"):
         nightly_evaluation(args, run="../escape")
 
@@ -289,8 +347,8 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     # its own final checkpoint, not the original's.
     from flows.evaluate import checkpoint_ref
 
-    copied = RunPaths.of(settings).root.parent / "copied"
-    shutil.copytree(RunPaths.of(settings).root, copied)
+    copied = RunLayout.of(settings).root.parent / "copied"
+    shutil.copytree(RunLayout.of(settings).root, copied)
     assert Path(checkpoint_ref(settings, None, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
     # final.json, not the newest checkpoint: a later one (a longer run's, say) does not replace it
     shutil.copytree(copied / "checkpoints" / "ckpt-00002", copied / "checkpoints" / "ckpt-00003")

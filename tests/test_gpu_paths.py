@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import algo_config, sampling, train_config
 from transformers import AutoModelForCausalLM
 
-from mage.algo import AlgoConfig
-from mage.backends import GenerationRequest, SamplingSettings
+from mage.backends import GenerationRequest
 from mage.backends.hf import HFBackend
 from mage.models.policy import load_policy
-from mage.train import LoraSettings, TrainConfig
+from mage.sections import LoraSettings
 from mage.train.trainer import PolicyTrainer
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +20,7 @@ def test_bf16_generation_logprobs_match_a_teacher_forced_pass(tiny_model_dir):
     backend = HFBackend(tiny_model_dir, dtype="bfloat16", device="cuda", batch_size=4)
     prompts = ["Your card: King (K).", "Game: Kuhn Poker, two players. " * 3, "Board:\n  A B C"]
     generations = backend.generate([GenerationRequest(p) for p in prompts],
-                                   SamplingSettings(temperature=1.0, max_new_tokens=16, seed=0))
+                                   sampling(temperature=1.0, max_new_tokens=16, seed=0))
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).cuda()
     for generation in generations:
         ids = torch.tensor([generation.prompt_token_ids + generation.token_ids], device="cuda")
@@ -36,8 +36,8 @@ def test_bf16_lora_update_moves_log_probs_with_the_advantage(tiny_model_dir):
     from test_trainer import fixed_batch, sequence_logprob  # the CPU test's batch and measure
 
     policy = load_policy(tiny_model_dir, dtype="bfloat16", device="cuda",
-                         lora=LoraSettings(r=8, alpha=16, target_modules=("q_proj", "v_proj", "up_proj")))
-    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-2, mini_batch_size=4), AlgoConfig())
+                         lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj")))
+    trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2, mini_batch_size=4), algo_config())
     table = fixed_batch(policy)
 
     before = sequence_logprob(trainer, table)
@@ -57,7 +57,7 @@ def test_the_tiny_build_clones_and_checks_on_the_gpu(tmp_path):
 
     from test_tiny_preset import SMALL
 
-    from mage.models.build import build_tiny
+    from mage.build.preset import build_tiny
     from mage.settings import load_settings
 
     directory = build_tiny(load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cuda"]), progress=False)

@@ -5,16 +5,13 @@ from __future__ import annotations
 import polars as pl
 import pytest
 import torch
+from conftest import defaults, rollout_config, sampling, teach
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from mage.backends import GenerationRequest, SamplingSettings
+from mage.backends import GenerationRequest
 from mage.backends.hf import HFBackend
 from mage.backends.scripted import ScriptedBackend
-from mage.config import compose
-from mage.population import population_entries
-from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
-
-from conftest import teach
+from mage.rollout import RolloutEngine, plan_meta_episodes
 
 
 def teacher_forced_logprobs(model, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
@@ -29,8 +26,8 @@ def teacher_forced_logprobs(model, prompt_ids: list[int], response_ids: list[int
 def test_logprobs_match_a_teacher_forced_pass(tiny_model_dir):
     backend = HFBackend(tiny_model_dir, batch_size=3)  # the hub path: from_pretrained on a directory
     prompts = ["Your card: King (K).", "Board:\n  A B C", "Game: Kuhn Poker, two players. " * 3, "x", "Moves so far:"]
-    sampling = SamplingSettings(temperature=0.8, top_p=0.9, top_k=50, max_new_tokens=24, seed=1)
-    generations = backend.generate([GenerationRequest(p) for p in prompts], sampling)
+    settings = sampling(temperature=0.8, top_p=0.9, top_k=50, max_new_tokens=24, seed=1)
+    generations = backend.generate([GenerationRequest(p) for p in prompts], settings)
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for generation in generations:
         assert len(generation.logprobs) == len(generation.token_ids) > 0
@@ -40,7 +37,7 @@ def test_logprobs_match_a_teacher_forced_pass(tiny_model_dir):
 
 def test_left_padding_does_not_change_greedy_output(tiny_model_dir):
     backend = HFBackend(tiny_model_dir, batch_size=8)
-    greedy = SamplingSettings(temperature=0.0, max_new_tokens=12)
+    greedy = sampling(temperature=0.0, max_new_tokens=12)
     short = "Your card: Jack (J)."
     alone = backend.generate([GenerationRequest(short)], greedy)[0]
     batched = backend.generate([GenerationRequest(short), GenerationRequest("Game: Tic-Tac-Toe " * 10)], greedy)[0]
@@ -50,7 +47,7 @@ def test_left_padding_does_not_change_greedy_output(tiny_model_dir):
 
 def test_micro_batches_hold_one_phase_and_answers_keep_request_order(tiny_model_dir):
     backend = HFBackend(tiny_model_dir, batch_size=2)
-    greedy = SamplingSettings(temperature=0.0, max_new_tokens=6)
+    greedy = sampling(temperature=0.0, max_new_tokens=6)
     requests = [GenerationRequest(f"Your card: {card}.", phase=phase)
                 for card, phase in [("Jack", "play"), ("Queen", "reflect"), ("King", "play"), ("Ace", "reflect"), ("Ten", "play")]]
     seen: list[list[int]] = []
@@ -73,7 +70,7 @@ def test_shared_prefill_is_exact(tiny_model_dir):
     """Shared-prefix and duplicate-prompt prefill gives the plain path's tokens and log-probs."""
     rules = "Game: Kuhn Poker, two players. The deck has three cards. " * 4
     prompts = [rules + "Your card: King (K).", rules + "Your card: King (K).", rules + "Board:", rules + "x " * 9]
-    greedy = SamplingSettings(temperature=0.0, max_new_tokens=10)
+    greedy = sampling(temperature=0.0, max_new_tokens=10)
     requests = [GenerationRequest(p) for p in prompts]
     shared = HFBackend(tiny_model_dir, share_prefill=True).generate(requests, greedy)
     plain = HFBackend(tiny_model_dir, share_prefill=False).generate(requests, greedy)
@@ -82,7 +79,7 @@ def test_shared_prefill_is_exact(tiny_model_dir):
         assert a.token_ids == b.token_ids and a.prompt_token_ids == b.prompt_token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
         assert a.logprobs == pytest.approx(teacher_forced_logprobs(reference, a.prompt_token_ids, a.token_ids), abs=1e-4)
-    sampled = HFBackend(tiny_model_dir).generate(requests, SamplingSettings(max_new_tokens=10, seed=3))
+    sampled = HFBackend(tiny_model_dir).generate(requests, sampling(max_new_tokens=10, seed=3))
     for generation in sampled:  # sampling from duplicated rows stays independent and exact
         expected = teacher_forced_logprobs(reference, generation.prompt_token_ids, generation.token_ids)
         assert generation.logprobs == pytest.approx(expected, abs=1e-4)
@@ -100,11 +97,11 @@ def memorising_backend(tiny_model_dir):
 
 def test_stop_strings_end_the_reply(memorising_backend):
     request = GenerationRequest("Your card: King (K). It is your turn.")
-    stopped = memorising_backend.generate([request], SamplingSettings(temperature=0.0, max_new_tokens=30))[0]
+    stopped = memorising_backend.generate([request], sampling(temperature=0.0, max_new_tokens=30))[0]
     assert stopped.text == "<action>bet</action>" and stopped.finish_reason == "stop"
-    unstopped = memorising_backend.generate([request], SamplingSettings(temperature=0.0, max_new_tokens=30, stop=()))[0]
+    unstopped = memorising_backend.generate([request], sampling(temperature=0.0, max_new_tokens=30, stop=()))[0]
     assert unstopped.text.startswith("<action>bet</action> and then")
-    capped = memorising_backend.generate([request], SamplingSettings(temperature=0.0, max_new_tokens=2))[0]
+    capped = memorising_backend.generate([request], sampling(temperature=0.0, max_new_tokens=2))[0]
     assert capped.finish_reason == "length" and len(capped.token_ids) == 2
 
 
@@ -114,7 +111,7 @@ def test_lora_adapter_is_applied(tiny_model_dir, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     adapted = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     adapted.save_pretrained(tmp_path / "adapter")
-    greedy = SamplingSettings(temperature=0.0, max_new_tokens=10)
+    greedy = sampling(temperature=0.0, max_new_tokens=10)
     request = [GenerationRequest("Your card: Queen (Q).")]
     plain = HFBackend(tiny_model_dir).generate(request, greedy)[0]
     with_adapter = HFBackend(tiny_model_dir, adapter=tmp_path / "adapter").generate(request, greedy)[0]
@@ -155,8 +152,8 @@ def test_samples_follow_the_tempered_softmax_and_not_the_models_defaults(peaked_
 
     temperature, draws = 0.5, 3000
     backend = HFBackend(peaked_model_dir / "model", adapter=peaked_model_dir / "adapter" if with_adapter else None)
-    sampling = SamplingSettings(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=1, stop=(), seed=0)
-    generations = backend.generate([GenerationRequest("Your card: King (K).")] * draws, sampling)
+    drawn = sampling(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=1, stop=(), seed=0)
+    generations = backend.generate([GenerationRequest("Your card: King (K).")] * draws, drawn)
     inner = backend.model.get_base_model() if with_adapter else backend.model
     assert inner.generation_config.top_k == 5, "the model's own config is put back"
     # the expected distribution, from a plain forward pass of the saved model
@@ -185,18 +182,18 @@ def test_the_models_generation_config_is_hidden_during_generate_and_put_back_aft
 
     monkeypatch.setattr(backend.model, "generate", failing_generate)
     with pytest.raises(RuntimeError, match="out of memory"):
-        backend.generate([GenerationRequest("Your card: King (K).")], SamplingSettings(max_new_tokens=2))
+        backend.generate([GenerationRequest("Your card: King (K).")], sampling(max_new_tokens=2))
     assert seen and seen[0] is not own and seen[0].to_dict() == GenerationConfig().to_dict()
     assert backend.model.generation_config is own
 
 
 def test_engine_rows_carry_policy_logprobs(tiny_model_dir):
-    cfg = compose(["game=kuhn_poker"])
-    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    cfg = defaults("game=kuhn_poker")
+    entries = list(cfg.population.train.values())
     specs = plan_meta_episodes(entries, num_groups=2, group_size=2, seed=0)
     backend = HFBackend(tiny_model_dir, batch_size=8)
-    engine = RolloutEngine(backend, RolloutConfig(group_size=2, episodes=2), cfg.game.params)
-    table = engine.run(specs, SamplingSettings(max_new_tokens=16, seed=0), progress=False)
+    engine = RolloutEngine(backend, rollout_config(group_size=2, episodes=2), cfg.game.params)
+    table = engine.run(specs, sampling(max_new_tokens=16, seed=0), progress=False)
     assert table.height >= len(specs)
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for prompt_ids, response_ids, logprobs in table.select(
@@ -209,11 +206,11 @@ def test_engine_rows_carry_policy_logprobs(tiny_model_dir):
 
 def test_scripted_backend_with_a_tokenizer_gives_token_ids(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = compose(["game=kuhn_poker"])
-    entries = [e for e in population_entries(cfg) if e.split == "train"]
+    cfg = defaults("game=kuhn_poker")
+    entries = list(cfg.population.train.values())
     specs = plan_meta_episodes(entries, num_groups=1, group_size=1, seed=0)
-    engine = RolloutEngine(ScriptedBackend("random", tokenizer=tokenizer), RolloutConfig(group_size=1), cfg.game.params)
-    table = engine.run(specs, SamplingSettings(), progress=False)
+    engine = RolloutEngine(ScriptedBackend("random", tokenizer=tokenizer), rollout_config(group_size=1), cfg.game.params)
+    table = engine.run(specs, sampling(), progress=False)
     first = table.row(0, named=True)
     assert tokenizer.decode(first["response_token_ids"]) == first["response"]
     assert tokenizer.decode(first["prompt_token_ids"]).startswith("<|im_start|>user\nGame: Kuhn Poker")
@@ -244,7 +241,7 @@ def test_a_model_handed_over_is_used_on_its_own_device(tiny_model_dir, monkeypat
     backend = HFBackend(model, tokenizer, batch_size=2)
     assert backend.device == torch.device("cpu")
     [generation] = backend.generate([GenerationRequest("Board:\n  A B C")],
-                                    SamplingSettings(temperature=0.0, max_new_tokens=4))
+                                    sampling(temperature=0.0, max_new_tokens=4))
     assert len(generation.token_ids) > 0
     with pytest.raises(ValueError, match="model given is on cpu"):
         HFBackend(model, tokenizer, device="cuda")
@@ -273,7 +270,7 @@ def test_a_row_left_running_goes_on_alone_with_the_same_reply(taught_model_dir, 
     pauses and it goes on alone: the <think> it opened before the pause still keeps the quoted
     tag from stopping it, and every reply is the one-call decode's, token for token."""
     requests = [GenerationRequest(KING)] * 7 + [GenerationRequest(THINK)]
-    greedy = SamplingSettings(temperature=0.0, max_new_tokens=40)
+    greedy = sampling(temperature=0.0, max_new_tokens=40)
     regrouping = HFBackend(taught_model_dir)
     calls = spy_on_decode(regrouping, monkeypatch)
     answers = regrouping.generate(requests, greedy)
@@ -291,7 +288,7 @@ def test_a_row_left_running_goes_on_alone_with_the_same_reply(taught_model_dir, 
 def test_a_regrouped_row_stops_at_the_token_limit(taught_model_dir, monkeypatch):
     monkeypatch.setattr("mage.backends.hf.REGROUP_MIN_TOKENS_LEFT", 8)  # a pause at token 4 of 16
     requests = [GenerationRequest(KING)] * 7 + [GenerationRequest(THINK)]
-    capped = SamplingSettings(temperature=0.0, max_new_tokens=16)
+    capped = sampling(temperature=0.0, max_new_tokens=16)
     regrouping = HFBackend(taught_model_dir)
     calls = spy_on_decode(regrouping, monkeypatch)
     thinking = regrouping.generate(requests, capped)[-1]
@@ -307,7 +304,7 @@ def test_sampled_regrouped_replies_carry_their_exact_logprobs(taught_model_dir, 
     requests = [GenerationRequest(KING)] * 12 + [GenerationRequest("Moves so far:")] * 4
     regrouping = HFBackend(taught_model_dir)
     calls = spy_on_decode(regrouping, monkeypatch)
-    answers = regrouping.generate(requests, SamplingSettings(temperature=1.0, max_new_tokens=48, seed=5))
+    answers = regrouping.generate(requests, sampling(temperature=1.0, max_new_tokens=48, seed=5))
     assert any(paused for *_, paused in calls)
     reference = AutoModelForCausalLM.from_pretrained(taught_model_dir, dtype=torch.float32)
     for answer in answers:

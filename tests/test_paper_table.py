@@ -91,7 +91,7 @@ def scripted_tables(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("scripted")
     settings = load_settings(["eval.meta_episodes=48"])
-    manifest = write_manifest(seed_population(settings.raw, progress=False), directory / "population.json")
+    manifest = write_manifest(seed_population(settings, progress=False), directory / "population.json")
     players = {"warm": ScriptedBackend("random", seed=0), "run0": ScriptedBackend("random", seed=1),
                "run1": ScriptedBackend("aggressive", seed=2)}
     tables = {}

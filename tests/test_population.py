@@ -8,7 +8,8 @@ import pytest
 
 from mage.config import compose
 from mage.games.sokoban import generate_level
-from mage.population import load_manifest, population_entries, seating, seed_population, write_manifest
+from mage.population import load_manifest, population_entries, seed_population, write_manifest
+from mage.settings import load_settings
 
 
 def test_training_populations_follow_the_spec():
@@ -49,12 +50,12 @@ def test_bad_populations_are_rejected_with_the_key(overrides, message):
 
 @pytest.mark.parametrize(("game", "seats"), [("kuhn_poker", 2), ("tic_tac_toe", 2), ("sokoban", 1)])
 def test_seating_follows_the_game(game, seats):
-    cfg = compose([f"game={game}", "population.seat_split=0.25"])
-    assert seating(cfg) == (0.25, seats)
+    settings = load_settings([f"game={game}", "population.seat_split=0.25"])
+    assert (settings.population.seat_split, settings.game.num_players) == (0.25, seats)
 
 
 def test_kuhn_manifest(tmp_path):
-    manifest = seed_population(compose(["game=kuhn_poker"]), progress=False)
+    manifest = seed_population(load_settings(["game=kuhn_poker"]), progress=False)
     path = write_manifest(manifest, tmp_path / "population" / "kuhn_poker.json")
     assert load_manifest(path) == json.loads(path.read_text())
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
@@ -68,12 +69,12 @@ def test_kuhn_manifest(tmp_path):
     mean = conservative["ceilings"]["mean"]["max_win_probability"]
     assert mean == pytest.approx(0.5 * seat0["max_win_probability"]["value"] + 0.5 * conservative["ceilings"]["seat_1"]["max_win_probability"]["value"])
     # Seeding is deterministic: equal config, equal bytes.
-    again = write_manifest(seed_population(compose(["game=kuhn_poker"]), progress=False), tmp_path / "again.json")
+    again = write_manifest(seed_population(load_settings(["game=kuhn_poker"]), progress=False), tmp_path / "again.json")
     assert again.read_bytes() == path.read_bytes()
 
 
 def test_tic_tac_toe_manifest_labels_monte_carlo_ceilings():
-    cfg = compose([
+    cfg = load_settings([
         "game=tic_tac_toe",
         "population.ceilings.n_games=60",
         "population.train.mcts_100.params.max_simulations=20",
@@ -90,7 +91,7 @@ def test_tic_tac_toe_manifest_labels_monte_carlo_ceilings():
 
 
 def test_sokoban_manifest():
-    manifest = seed_population(compose(["game=sokoban"]), progress=False)
+    manifest = seed_population(load_settings(["game=sokoban"]), progress=False)
     assert manifest["seat_split"] == 0.0
     for record in manifest["opponents"]:
         assert set(record["ceilings"]) == {"seat_0", "mean"}
@@ -101,7 +102,7 @@ def test_a_sokoban_return_ceiling_counts_the_box_reward():
     # A solution ends with every box on a target: +10, plus 1 for each box that did not start
     # on one, averaged over the levels the ceiling samples (seeds 0..39), counted here from
     # the generator directly.
-    manifest = seed_population(compose(["game=sokoban", "game.params.box_reward=1.0", "population.ceilings.n_games=40"]),
+    manifest = seed_population(load_settings(["game=sokoban", "game.params.box_reward=1.0", "population.ceilings.n_games=40"]),
                                progress=False)
     for record in manifest["opponents"]:
         boxes = record["game_params"]["num_boxes"]
@@ -111,11 +112,11 @@ def test_a_sokoban_return_ceiling_counts_the_box_reward():
         assert best["value"] == pytest.approx(10 + sum(off_target) / 40), record["id"]
         assert best["method"] == "monte_carlo" and best["n_games"] == 40
     # on a fixed set of 3 levels the mean is over those 3, exactly
-    fixed = seed_population(compose(["game=sokoban", "game.params.box_reward=1.0", "game.params.levels=3"]),
+    fixed = seed_population(load_settings(["game=sokoban", "game.params.box_reward=1.0", "game.params.levels=3"]),
                             progress=False)["opponents"][0]
     levels = [generate_level(seed, (6, 6), fixed["game_params"]["num_boxes"], 5, 21)[0] for seed in range(3)]
     off_target = [sum(box not in level.targets for box in level.boxes) for level in levels]
     assert fixed["ceilings"]["seat_0"]["best_response_return"] == {"value": pytest.approx(10 + sum(off_target) / 3),
                                                                    "method": "exact"}
-    plain = seed_population(compose(["game=sokoban"]), progress=False)["opponents"][0]["ceilings"]["seat_0"]
+    plain = seed_population(load_settings(["game=sokoban"]), progress=False)["opponents"][0]["ceilings"]["seat_0"]
     assert plain["best_response_return"] == {"value": 10.0, "method": "by_construction"}

@@ -21,8 +21,8 @@ from test_flows import final_weights, overrides, task_runs
 
 from flows import evaluate, train
 from flows.ray_cluster import ClusterError
+from mage.run import RunLayout
 from mage.settings import load_settings
-from mage.train.loop import RunPaths
 from tasks import state as memory
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -102,7 +102,7 @@ def test_the_loopback_switch_leaves_a_lazily_imported_ray_whole():
 
 def tables(settings) -> pl.DataFrame:
     """Every iteration's scored table, in a stable order."""
-    paths = sorted(RunPaths.of(settings).rollouts.glob("iteration-*.parquet"))
+    paths = sorted(RunLayout.of(settings).rollouts.glob("iteration-*.parquet"))
     return pl.concat([pl.read_parquet(p) for p in paths]).sort("iteration", "meta_id", "episode", "turn", "phase")
 
 
@@ -150,14 +150,13 @@ def test_train_on_ray_gives_the_thread_runner_s_table_and_weights(ray_cluster, t
     assert {runs[f"rollout-{i}-shard-{s}"].state.name for i in (1, 2) for s in (0, 1)} == {"Completed"}
 
 
-def test_a_ray_run_reuses_what_the_thread_runner_computed(ray_cluster, on_one_machine):
-    """Where a task runs is no part of its cache key (``flow`` is a schedule section): the
-    thread runner's finished run, run again on Ray, computes nothing."""
+def test_a_ray_run_resumes_what_the_thread_runner_finished(ray_cluster, on_one_machine):
+    """Where the shards run is no part of a run's identity (``flow.runner``; the shard count
+    is): the thread runner's finished run, run again on Ray, computes nothing."""
     state = train([*on_one_machine["config"], *on(ray_cluster)], return_state=True)
     assert state.is_completed()
     runs = task_runs(state)
-    assert {f"rollout-{i}-shard-{s}" for i in (1, 2) for s in (0, 1)} <= set(runs)
-    assert all(run.state.name == "Cached" for run in runs.values()), {n: r.state.name for n, r in runs.items()}
+    assert set(runs) == {"prepare-model"} and runs["prepare-model"].state.name == "Cached", set(runs)
     assert_same_weights(final_weights(load_settings(on_one_machine["config"])), on_one_machine["weights"])
 
 
@@ -247,9 +246,9 @@ def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluste
 def test_evaluate_on_ray_gives_the_same_report_through_a_killed_split(ray_cluster, tiny_model_dir, tmp_path,
                                                                      on_one_machine):
     """Each split is a Ray task that runs Prefect's task engine. SIGKILL the first one: Ray
-    runs it again (as a shard's, ``shard_resources``), and the report is the one machine's."""
+    runs it again (as a shard's, ``tasks.ray_workers.shard_options``), and the report is the one machine's."""
     config = on_one_machine["config"]
-    checkpoint = str(max(RunPaths.of(load_settings(config)).checkpoints.glob("ckpt-*")))
+    checkpoint = str(max(RunLayout.of(load_settings(config)).checkpoints.glob("ckpt-*")))
     here = evaluate(config, checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "thread"))
     with killing_the_first("ray::evaluate-checkpoint") as killed:
         there = evaluate([*config, *on(ray_cluster)], checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "ray"))
@@ -272,7 +271,7 @@ def nothing_played(artifacts: Path) -> bool:
 def test_more_workers_than_the_cluster_holds_fail_at_once_naming_the_key(ray_cluster, tiny_model_dir, tmp_path):
     with pytest.raises(ClusterError, match=r"^flow\.rollout_shards: 3 rollout workers of 1 CPU each .* has 2"):
         train(overrides(tiny_model_dir, tmp_path, "flow.runner=ray", f"flow.ray.address={ray_cluster}",
-                        "flow.rollout_shards=3"))
+                        "flow.rollout_shards=3", "engine.groups=3"))
     assert nothing_played(tmp_path)
 
 

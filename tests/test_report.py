@@ -276,12 +276,11 @@ DEFECTS = {
 
 
 def read_back(directory, content) -> dict | None:
-    from tasks.evaluation import recorded_policy
-    from tasks.refs import FileRef
+    from mage.evaluation import recorded_policy
 
     metrics = directory / "train-metrics.json"
     metrics.write_bytes(content) if isinstance(content, bytes) else metrics.write_text(json.dumps(content))
-    return recorded_policy({"train": FileRef(path=str(directory / "train.parquet"), sha256="0")})
+    return recorded_policy({"train": directory / "train.parquet"})
 
 
 @settings(max_examples=200, deadline=None)
@@ -298,7 +297,8 @@ def test_a_whole_policy_record_is_read_back_and_a_broken_one_is_none(tmp_path_fa
 @given(content=st.one_of(JSON, st.fixed_dictionaries({"policy": JSON}), st.binary(max_size=16)))
 def test_whatever_a_metrics_file_holds_the_record_reader_does_not_raise(tmp_path_factory, content):
     """``{split}-metrics.json`` is read back from disk: a record comes back whole or not at all."""
-    from tasks.evaluation import RECORD_KEYS, recorded_checkpoint
+    from mage.evaluation import RECORD_KEYS
+    from tasks.evaluation import recorded_checkpoint
 
     record = read_back(tmp_path_factory.mktemp("tables"), content)
     if record is not None:
@@ -309,14 +309,13 @@ def test_whatever_a_metrics_file_holds_the_record_reader_does_not_raise(tmp_path
 
 
 def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp_path):
+    from mage.evaluation import recorded_policy
     from mage.io import IncompatibleFilesError
-    from tasks.evaluation import recorded_policy
-    from tasks.refs import FileRef
 
     sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 64}
     records = {"train": {"checkpoint": "c/ckpt-00001", "checkpoint_sha256": "ab", "iteration": 1, "sampling": sampling},
                "held_out": {"checkpoint": None, "checkpoint_sha256": None, "iteration": 0, "sampling": sampling}}
-    refs = {split: FileRef(path=str(tmp_path / f"{split}.parquet"), sha256="0") for split in records}
+    refs = {split: str(tmp_path / f"{split}.parquet") for split in records}
     for split, record in records.items():
         (tmp_path / f"{split}-metrics.json").write_text(json.dumps({"policy": record, "final": []}))
     assert recorded_policy({"train": refs["train"]}) == records["train"]
@@ -339,8 +338,7 @@ def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp
     '{"policy": {"checkpoint": "", "checkpoint_sha256": "", "iteration": 0, "sampling": {}}}',
 ])
 def test_a_policy_record_that_cannot_be_right_is_no_record(tmp_path, content):
-    from tasks.evaluation import recorded_policy
-    from tasks.refs import FileRef
+    from mage.evaluation import recorded_policy
 
     (tmp_path / "train-metrics.json").write_text(content)
-    assert recorded_policy({"train": FileRef(path=str(tmp_path / "train.parquet"), sha256="0")}) is None
+    assert recorded_policy({"train": tmp_path / "train.parquet"}) is None

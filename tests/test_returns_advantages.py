@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
+from conftest import algo_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mage.algo import AlgoConfig, add_advantages, add_returns
+from mage.algo import Penalties, add_advantages, add_returns
 from mage.rollout.schema import from_rows
 
 
@@ -48,7 +49,8 @@ TABLE = from_rows([
     row(2, "B", 2, 1, ret=-10, done=True),
 ]).sample(fraction=1.0, shuffle=True, seed=3)  # order must not matter
 
-CFG = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0)
+CFG = algo_config(gamma_step=0.5, gamma_traj=0.25)
+PENALTIES = Penalties(invalid=1.0, length=0.0, max_response_tokens=256)
 
 
 def column(table: pl.DataFrame, name: str) -> list[float]:
@@ -56,7 +58,7 @@ def column(table: pl.DataFrame, name: str) -> list[float]:
 
 
 def test_differential_returns_by_hand():
-    t = add_returns(TABLE, CFG)
+    t = add_returns(TABLE, CFG, PENALTIES)
     # D1 = -5, D2 = 5 - (-5) = 10 | D1 = 5 | D1 = -10, D2 = -10 - (-10) = 0
     assert column(t, "meta_reward") == [-5, -5, 10, 10, 5, -10, 0, 0]
     assert column(t, "penalty") == [-1, 0, 0, 0, 0, 0, -1, 0]
@@ -70,24 +72,24 @@ def test_differential_returns_by_hand():
 
 
 def test_other_objectives():
-    cumulative = add_returns(TABLE, AlgoConfig(objective="cumulative", gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0))
+    cumulative = add_returns(TABLE, algo_config(objective="cumulative", gamma_step=0.5, gamma_traj=0.25), PENALTIES)
     assert column(cumulative, "meta_reward") == [-5, -5, 5, 5, 5, -10, -10, -10]
     # G(e1 t2) = -5 + 0.25 * 5 = -3.75; G(e1 t1) = -1 + 0.5 * -3.75 = -2.875
     assert column(cumulative, "step_return")[:4] == pytest.approx([-2.875, -3.75, 5, 5])
-    single = add_returns(TABLE, AlgoConfig(objective="single_episode", gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0))
+    single = add_returns(TABLE, algo_config(objective="single_episode", gamma_step=0.5, gamma_traj=0.25), PENALTIES)
     # no credit crosses the boundary: G(e1 t2) = -5, G(e1 t1) = -1 + 0.5 * -5 = -3.5
     assert column(single, "step_return")[:4] == pytest.approx([-3.5, -5, 5, 5])
 
 
 def test_length_penalty_by_hand():
     table = from_rows([row(0, "A", 1, t + 1, ret=0, tokens=n, done=(t == 3)) for t, n in enumerate([3, 4, 6, 10])])
-    t = add_returns(table, AlgoConfig(length_penalty=2.0, max_response_tokens=8, invalid_penalty=0.0))
+    t = add_returns(table, algo_config(), Penalties(invalid=0.0, length=2.0, max_response_tokens=8))
     # half = 4: 3 and 4 tokens are free; 6 -> -2 * 2/4 = -1; 10 -> -2 * min(1, 6/4) = -2
     assert column(t, "penalty") == [0, 0, -1, -2]
 
 
 def test_gigpo_advantages_global_anchor_by_hand():
-    t = add_advantages(add_returns(TABLE, CFG), CFG)
+    t = add_advantages(add_returns(TABLE, CFG, PENALTIES), CFG)
     # episode scores s = D + penalty: A: -6, -5, 10, 10, 5 (mean 2.8); B: -10, -1, 0 (mean -11/3)
     assert column(t, "episode_score") == [-6, -5, 10, 10, 5, -10, -1, 0]
     assert column(t, "advantage_episode") == pytest.approx([-8.8, -7.8, 7.2, 7.2, 2.2, -19 / 3, 8 / 3, 11 / 3])
@@ -98,17 +100,17 @@ def test_gigpo_advantages_global_anchor_by_hand():
 
 
 def test_negative_weight_scales_only_negative_advantages_by_hand():
-    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, negative_weight=0.25)
-    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    cfg = algo_config(gamma_step=0.5, gamma_traj=0.25, negative_weight=0.25)
+    t = add_advantages(add_returns(TABLE, cfg, PENALTIES), cfg)
     # the advantages of test_gigpo_advantages_global_anchor_by_hand, negatives times 0.25
     assert column(t, "advantage") == pytest.approx(
         [-13.6125 / 4, -12.8625 / 4, 7.2, 14.6375, 4.6375, -34 / 12, 8 / 3, 26 / 3])
     # its two terms are left as they were
     assert column(t, "advantage_episode") == pytest.approx([-8.8, -7.8, 7.2, 7.2, 2.2, -19 / 3, 8 / 3, 11 / 3])
-    grpo = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, estimator="grpo",
+    grpo = algo_config(gamma_step=0.5, gamma_traj=0.25, estimator="grpo",
                       norm="mean_std_norm", negative_weight=0.0)
     # test_grpo_baseline_by_hand's -1, -1, -1, -1, 1, 0, 0, 0 with the negatives at 0
-    grpo_table = add_advantages(add_returns(TABLE, grpo), grpo)
+    grpo_table = add_advantages(add_returns(TABLE, grpo, PENALTIES), grpo)
     assert column(grpo_table, "advantage") == pytest.approx([0, 0, 0, 0, 1, 0, 0, 0], abs=1e-5)
     assert column(grpo_table, "advantage_episode") == pytest.approx([-1, -1, -1, -1, 1, 0, 0, 0], abs=1e-5)
 
@@ -138,12 +140,12 @@ def test_negative_weight_scales_the_sum_of_the_two_terms(metas, negative_weight,
     """The weight applies to A_ep + w * A_step, not to each term: where the terms have opposite
     signs the two readings differ. The terms themselves are those of negative_weight 1."""
     rows = meta_episode_rows(metas)
-    plain_cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, step_weight=step_weight)
-    weighted_cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, step_weight=step_weight,
+    plain_cfg = algo_config(step_weight=step_weight)
+    weighted_cfg = algo_config(step_weight=step_weight,
                               negative_weight=negative_weight)
     order = ["meta_id", "episode", "turn"]
-    plain = add_advantages(add_returns(from_rows(rows), plain_cfg), plain_cfg).sort(order)
-    weighted = add_advantages(add_returns(from_rows(rows), weighted_cfg), weighted_cfg).sort(order)
+    plain = add_advantages(add_returns(from_rows(rows), plain_cfg, PENALTIES), plain_cfg).sort(order)
+    weighted = add_advantages(add_returns(from_rows(rows), weighted_cfg, PENALTIES), weighted_cfg).sort(order)
     assert weighted["advantage_episode"].to_list() == plain["advantage_episode"].to_list()
     assert weighted["advantage_step"].to_list() == plain["advantage_step"].to_list()
     expected = []
@@ -154,8 +156,8 @@ def test_negative_weight_scales_the_sum_of_the_two_terms(metas, negative_weight,
 
 
 def test_local_anchor_and_step_weight():
-    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, anchor="local", step_weight=0.5)
-    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    cfg = algo_config(gamma_step=0.5, gamma_traj=0.25, anchor="local", step_weight=0.5)
+    t = add_advantages(add_returns(TABLE, cfg, PENALTIES), cfg)
     # A, episode 1 anchor: G = -2.25, -2.5, 5 (mean 1/12); A episode 2 and B's anchors: singletons
     first = 0.25 / 3
     assert column(t, "advantage_step") == pytest.approx([-2.25 - first, -2.5 - first, 0, 0, 5 - first, 0, 0, 0])
@@ -163,8 +165,8 @@ def test_local_anchor_and_step_weight():
 
 
 def test_mixed_grouping_pools_the_opponents_of_a_state_by_hand():
-    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, grouping="mixed")
-    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    cfg = algo_config(gamma_step=0.5, gamma_traj=0.25, grouping="mixed")
+    t = add_advantages(add_returns(TABLE, cfg, PENALTIES), cfg)
     # A and B share seed and seat: one group. s = -6, -5, 10, 10, 5, -10, -1, 0 (mean 3/8)
     assert column(t, "advantage_episode") == pytest.approx([s - 3 / 8 for s in [-6, -5, 10, 10, 5, -10, -1, 0]])
     # play anchor "s0" across both opponents: G = -2.25, -2.5, 10, 5, -10, 0 (mean 1/24);
@@ -178,12 +180,12 @@ def test_mean_std_norm_and_per_opponent_scope():
     # one mean and std, with scope "group" each has its own.
     extra = from_rows([row(3, "A", 1, 1, ret=-5, done=True, seed=2), row(4, "A", 1, 1, ret=5, done=True, seed=2)])
     table = pl.concat([TABLE, extra])
-    group = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, norm="mean_std_norm")
-    by_group = add_advantages(add_returns(table, group), group)
+    group = algo_config(gamma_step=0.5, gamma_traj=0.25, norm="mean_std_norm")
+    by_group = add_advantages(add_returns(table, group, PENALTIES), group)
     # seed-2 group: s = -5, 5: mean 0, std 5 -> -1, +1
     assert column(by_group, "advantage_episode")[-2:] == pytest.approx([-1, 1], abs=1e-5)
-    scope = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, norm="mean_std_norm", norm_scope="opponent")
-    by_opponent = add_advantages(add_returns(table, scope), scope)
+    scope = algo_config(gamma_step=0.5, gamma_traj=0.25, norm="mean_std_norm", norm_scope="opponent")
+    by_opponent = add_advantages(add_returns(table, scope, PENALTIES), scope)
     scores_a = [-6, -5, 10, 10, 5, -5, 5]
     mean = sum(scores_a) / 7
     std = (sum((s - mean) ** 2 for s in scores_a) / 7) ** 0.5
@@ -193,8 +195,8 @@ def test_mean_std_norm_and_per_opponent_scope():
 
 
 def test_per_episode_baseline_by_hand():
-    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, episode_baseline="per_episode")
-    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    cfg = algo_config(gamma_step=0.5, gamma_traj=0.25, episode_baseline="per_episode")
+    t = add_advantages(add_returns(TABLE, cfg, PENALTIES), cfg)
     # s = D + penalty as above. A, episode 1: -6, -5, 5 (mean -2); A, episode 2: 10, 10 (mean 10);
     # B, episode 1: -10 alone; B, episode 2: -1, 0 (mean -0.5). The pooled baseline put every
     # call of A's episode 1 below A's mean of 2.8; here none of A's episodes has a sign.
@@ -210,8 +212,8 @@ def test_per_episode_baseline_against_a_second_implementation(metas, norm):
     invalid): the episode term equals (s - mean) [/ (std + eps)] over the calls of the same
     group and episode number, computed here with plain Python."""
     rows = meta_episode_rows(metas)
-    cfg = AlgoConfig(invalid_penalty=1.0, length_penalty=0.0, norm=norm, episode_baseline="per_episode")
-    t = add_advantages(add_returns(from_rows(rows), cfg), cfg).sort("meta_id", "episode", "turn")
+    cfg = algo_config(norm=norm, episode_baseline="per_episode")
+    t = add_advantages(add_returns(from_rows(rows), cfg, PENALTIES), cfg).sort("meta_id", "episode", "turn")
     cells: dict[tuple, list[float]] = {}
     for r in t.iter_rows(named=True):
         cells.setdefault((r["opponent"], r["episode"]), []).append(r["episode_score"])
@@ -227,8 +229,8 @@ def test_per_episode_baseline_against_a_second_implementation(metas, norm):
 
 
 def test_grpo_baseline_by_hand():
-    cfg = AlgoConfig(gamma_step=0.5, gamma_traj=0.25, invalid_penalty=1.0, length_penalty=0.0, estimator="grpo", norm="mean_std_norm")
-    t = add_advantages(add_returns(TABLE, cfg), cfg)
+    cfg = algo_config(gamma_step=0.5, gamma_traj=0.25, estimator="grpo", norm="mean_std_norm")
+    t = add_advantages(add_returns(TABLE, cfg, PENALTIES), cfg)
     # summed rewards: meta 0: -1 - 5 + 0 + 10 = 4, meta 1: 5 (mean 4.5, std 0.5); meta 2 alone
     assert column(t, "episode_score")[:5] == [4, 4, 4, 4, 5]
     assert column(t, "advantage") == pytest.approx([-1, -1, -1, -1, 1, 0, 0, 0], abs=1e-5)
@@ -258,3 +260,30 @@ def test_meta_rewards_coincide_when_only_an_early_stopping_win_pays(metas):
                                 .alias("episode_return"))
     if any(episodes > 1 for episodes, _ in metas):  # a paid loss before a later episode
         assert not meta_rewards(paying, "differential").equals(meta_rewards(paying, "cumulative"))
+
+
+def test_a_new_estimator_or_objective_is_one_function_and_one_registration():
+    """As verl's core_algos: a function registered by name, then selectable from params/."""
+    from mage.algo import ESTIMATORS, OBJECTIVES, register_estimator, register_objective
+    from mage.settings import load_settings
+
+    @register_estimator("no_step_term")
+    def no_step_term(table, cfg, group, scope):  # GiGPO's episode term alone
+        return ESTIMATORS["gigpo"](table, cfg, group, scope).with_columns(pl.lit(0.0).alias("advantage_step"))
+
+    @register_objective("final_only", crosses_episodes=False)
+    def final_only():  # the episode's return on the last episode only
+        last = pl.col("episode") == pl.col("episode").max().over(["run_id", "iteration", "meta_id"])
+        return pl.when(last).then(pl.col("episode_return")).otherwise(0.0)
+
+    try:
+        cfg = load_settings(["algo.estimator=no_step_term", "algo.objective=final_only"]).algo
+        t = add_advantages(add_returns(TABLE, cfg, PENALTIES), cfg)
+        assert column(t, "meta_reward") == [0, 0, 5, 5, 5, 0, -10, -10]
+        assert set(column(t, "advantage_step")) == {0.0}
+        assert column(t, "advantage") == column(t, "advantage_episode")
+        with pytest.raises(ValueError, match="registered twice"):
+            register_estimator("gigpo")(no_step_term)
+    finally:
+        ESTIMATORS.pop("no_step_term", None)
+        OBJECTIVES.pop("final_only", None)

@@ -6,14 +6,13 @@ import json
 
 import polars as pl
 import pytest
+from conftest import rollout_config, sampling
 
-from mage.backends import SamplingSettings
 from mage.backends.scripted import ScriptedBackend
 from mage.config import compose
 from mage.games.kuhn_poker import BET, PASS
-from mage.population import PopulationEntry, population_entries
+from mage.population import population_entries
 from mage.rollout import (
-    RolloutConfig,
     RolloutEngine,
     plan_meta_episodes,
     read_trajectories,
@@ -22,12 +21,13 @@ from mage.rollout import (
 from mage.rollout.engine import MetaEpisodeSpec
 from mage.rollout.prompts import PromptTooLongError
 from mage.rollout.schema import SchemaError
+from mage.sections import PopulationEntry
 
 KUHN = compose(["game=kuhn_poker"])
 
 
 def entry(opponent: str, game: str = "kuhn_poker") -> PopulationEntry:
-    return PopulationEntry(id=opponent, game=game, opponent=opponent, split="train", share=1.0)
+    return PopulationEntry(id=opponent, game=game, opponent=opponent, split="train", share=1.0, params={}, game_params={})
 
 
 def seed_for_deal(cards: list[int], seat: int = 0) -> int:
@@ -38,9 +38,9 @@ def seed_for_deal(cards: list[int], seat: int = 0) -> int:
     return next(s for s in range(1000) if game.initial_state(s, seat).data["cards"] == cards)
 
 
-def run(specs, rule, cfg=RolloutConfig(group_size=1), backend=None, game_params=KUHN.game.params):
+def run(specs, rule, cfg=rollout_config(group_size=1), backend=None, game_params=KUHN.game.params):
     engine = RolloutEngine(backend or ScriptedBackend(rule, seed=0), cfg, game_params)
-    return engine.run(specs, SamplingSettings(), progress=False), engine
+    return engine.run(specs, sampling(), progress=False), engine
 
 
 def always(action: int):
@@ -82,8 +82,8 @@ def test_progress_shows_the_calls_while_the_meta_episode_count_stands_still(caps
     # J against K it loses each episode at its one call: bet, reflect, bet, reflect, bet.
     specs = [MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([K, J])),
              MetaEpisodeSpec(1, 1, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))]
-    engine = RolloutEngine(ScriptedBackend(always(BET), seed=0), RolloutConfig(group_size=1), KUHN.game.params)
-    table = engine.run(specs, SamplingSettings(), progress=True)
+    engine = RolloutEngine(ScriptedBackend(always(BET), seed=0), rollout_config(group_size=1), KUHN.game.params)
+    table = engine.run(specs, sampling(), progress=True)
     assert table.group_by("meta_id").len().sort("meta_id")["len"].to_list() == [1, 5]
     lines = capsys.readouterr().err.replace("\r", "\n").splitlines()
     shown = {line.rstrip().split(", ")[-1].rstrip("]") for line in lines if " 1/2 " in line}  # tqdm pads with spaces
@@ -96,7 +96,7 @@ def test_early_stop_after_a_win_is_configurable():
     spec = MetaEpisodeSpec(0, 0, entry("conservative"), seat=0, seed=seed_for_deal([Q, J]))
     table, _ = run([spec], always(BET))
     assert table.height == 1 and table["won"].to_list() == [True] and table["episode_return"].to_list() == [5.0]
-    table, _ = run([spec], always(BET), RolloutConfig(group_size=1, early_stop=False))
+    table, _ = run([spec], always(BET), rollout_config(group_size=1, early_stop=False))
     assert table["phase"].to_list() == ["play", "reflect", "play", "reflect", "play"]
     assert table["won"].all()
 
@@ -111,7 +111,7 @@ def test_early_stop_after_a_win_is_configurable():
 )
 def test_context_modes(mode, reflections, shows_moves, shows_reflection):
     spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
-    table, _ = run([spec], always(PASS), RolloutConfig(group_size=1, context_mode=mode))
+    table, _ = run([spec], always(PASS), rollout_config(group_size=1, context_mode=mode))
     assert (table["phase"] == "reflect").sum() == reflections
     last_prompt = table.filter(pl.col("phase") == "play")["prompt"][-1]
     earlier = last_prompt.split("# Earlier episodes")[1].split("# Episode 3 of 3")[0]
@@ -150,12 +150,12 @@ def test_mixed_groups_share_state_and_seat_but_not_the_opponent():
 
 
 def test_the_training_plan_mixes_groups_when_algo_grouping_says_so():
+    from mage.run.steps import plan
     from mage.settings import load_settings
-    from mage.train.loop import plan_iteration
 
     def opponents_per_group(overrides):
         groups = {}
-        for s in plan_iteration(load_settings(overrides), 0):
+        for s in plan(load_settings(overrides), 0):
             groups.setdefault(s.group_id, set()).add(s.entry.id)
         return [len(v) for v in groups.values()]
 
@@ -186,7 +186,7 @@ def test_groups_seats_and_batched_calls():
             batches.append(len(requests))
             return super().generate(requests, sampling)
 
-    table, engine = run(specs, "random", RolloutConfig(group_size=4), backend=Spy("random", seed=0))
+    table, engine = run(specs, "random", rollout_config(group_size=4), backend=Spy("random", seed=0))
     assert batches[0] == 40 and sum(batches) == table.height
     assert batches == sorted(batches, reverse=True)  # finished meta-episodes stop asking
     assert engine.last_stats.backend_calls == len(batches)
@@ -196,7 +196,7 @@ def test_groups_seats_and_batched_calls():
         assert ("1. Opponent:" in observation) == (seat == 1)
     # Sequential baseline: one request per backend call, same trajectories.
     batches.clear()
-    sequential, _ = run(specs, "random", RolloutConfig(group_size=4, concurrency=1), backend=Spy("random", seed=0))
+    sequential, _ = run(specs, "random", rollout_config(group_size=4, concurrency=1), backend=Spy("random", seed=0))
     assert set(batches) == {1}
     assert sequential.height > 0
 
@@ -210,7 +210,7 @@ def test_tic_tac_toe_and_sokoban_rollouts():
     assert table.filter(pl.col("done"))["episode_return"].is_in([10.0, 0.0, -10.0]).all()
 
     sokoban = compose(["game=sokoban"])
-    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0, {}, {}), seat=0, seed=2)
     table, _ = run([spec], "solver", game_params=sokoban.game.params)
     optimal = json.loads(table["initial_state"][0])["data"]["optimal_moves"]
     # The optimal solver solves episode 1 in ceil(optimal / 3) turns of up to 3 moves.
@@ -222,12 +222,12 @@ def test_sokoban_wanderer_mixes_the_solver_with_random_moves():
     from mage.backends.scripted import make_rule
 
     sokoban = compose(["game=sokoban"])
-    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0, {}, {}), seat=0, seed=2)
     # solver_probability 1 is the solver itself; 0 is a random walk of 3 moves a turn.
     always, _ = run([spec], {"rule": "wanderer", "solver_probability": 1.0}, game_params=sokoban.game.params)
     solver, _ = run([spec], "solver", game_params=sokoban.game.params)
     assert always["action"].to_list() == solver["action"].to_list()
-    never, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.0}, RolloutConfig(group_size=1, early_stop=False),
+    never, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.0}, rollout_config(group_size=1, early_stop=False),
                    game_params=sokoban.game.params)
     plays = never.filter(pl.col("phase") == "play")
     assert plays["valid"].all() and all(len(a.split(", ")) == 3 for a in plays["action"] if a)
@@ -244,9 +244,9 @@ def test_sokoban_box_reward_reaches_episodes_that_hit_the_turn_limit():
     # return is the box reward alone, replayed here on the level with Level.move.
     from mage.games.sokoban.level import Level
 
-    specs = [MetaEpisodeSpec(i, i, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=seed)
+    specs = [MetaEpisodeSpec(i, i, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0, {}, {}), seat=0, seed=seed)
              for i, seed in enumerate(range(20, 32))]
-    config = RolloutConfig(group_size=1, early_stop=False)
+    config = rollout_config(group_size=1, early_stop=False)
     walker = {"rule": "wanderer", "solver_probability": 0.0}
     shaped = compose(["game=sokoban", "game.params.box_reward=1.0"]).game.params
     rewarded, _ = run(specs, walker, config, game_params=shaped)
@@ -293,8 +293,8 @@ def test_a_wanderer_that_looks_around_thinks_its_surroundings_then_moves_the_sam
     from mage.backends.scripted import make_rule
 
     sokoban = compose(["game=sokoban"])
-    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
-    config = RolloutConfig(group_size=1, early_stop=False)
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0, {}, {}), seat=0, seed=2)
+    config = rollout_config(group_size=1, early_stop=False)
     looking, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.5, "look_around": True}, config,
                      game_params=sokoban.game.params)
     plain, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.5}, config, game_params=sokoban.game.params)
@@ -314,7 +314,7 @@ def test_a_wanderer_that_looks_around_thinks_its_surroundings_then_moves_the_sam
 
 def test_a_sokoban_row_s_anchor_leaves_out_the_move_counter():
     sokoban = compose(["game=sokoban"])
-    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0), seat=0, seed=2)
+    spec = MetaEpisodeSpec(0, 0, PopulationEntry("boxes_2", "sokoban", "none", "train", 1.0, {}, {}), seat=0, seed=2)
     table, _ = run([spec], {"rule": "wanderer", "solver_probability": 0.0}, game_params=sokoban.game.params)
     plays = table.filter(pl.col("phase") == "play")
     assert plays["prompt"].str.contains("Moves made: ").all()
@@ -329,19 +329,19 @@ def test_prompt_overflow_rules():
     spec = MetaEpisodeSpec(0, 0, entry("aggressive"), seat=0, seed=seed_for_deal([J, K]))
     # Word counts stand in for tokens with the scripted backend; rules + state take ~230.
     with pytest.raises(PromptTooLongError, match="overflow rule: error"):
-        run([spec], always(PASS), RolloutConfig(group_size=1, max_prompt_tokens=280, prompt_overflow="error"))
-    table, _ = run([spec], always(PASS), RolloutConfig(group_size=1, max_prompt_tokens=280, prompt_overflow="drop_oldest"))
+        run([spec], always(PASS), rollout_config(group_size=1, max_prompt_tokens=280, prompt_overflow="error"))
+    table, _ = run([spec], always(PASS), rollout_config(group_size=1, max_prompt_tokens=280, prompt_overflow="drop_oldest"))
     last = table.filter(pl.col("phase") == "play")["prompt"][-1]
     assert table["dropped_episodes"].max() >= 1
     assert "earlier episode(s) omitted to fit the context window]" in last
     assert last.startswith("Game: Kuhn Poker")  # never cut
     with pytest.raises(PromptTooLongError, match="even with every earlier episode dropped"):
-        run([spec], always(PASS), RolloutConfig(group_size=1, max_prompt_tokens=50, prompt_overflow="drop_oldest"))
+        run([spec], always(PASS), rollout_config(group_size=1, max_prompt_tokens=50, prompt_overflow="drop_oldest"))
 
 
 def test_table_round_trip_and_schema_check(tmp_path):
     specs = plan_meta_episodes([entry("random")], num_groups=2, group_size=2, seed=0)
-    table, _ = run(specs, "random", RolloutConfig(group_size=2))
+    table, _ = run(specs, "random", rollout_config(group_size=2))
     path = write_trajectories(table, tmp_path / "rollout.parquet")
     assert read_trajectories(path).equals(table)
     with pytest.raises(SchemaError, match="seat"):

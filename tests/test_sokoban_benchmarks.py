@@ -45,7 +45,7 @@ def test_the_local_policy_benchmark_runs_and_its_tables_are_consistent() -> None
     assert all(0 <= float(first) <= float(any_of_3) <= 1 for _, first, any_of_3 in players), players
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_board_reading_benchmark_runs_both_phases() -> None:
     out = run_script("sokoban_board.py", "--label", "look_around", "--steps", "2", "--whole-steps", "1", "--every", "1",
                      "--rows", "4", "--whole-rows", "4", "--meta-episodes", "8", "--score-meta-episodes", "4",

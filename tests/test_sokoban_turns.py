@@ -16,11 +16,11 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_sokoban import episode_for
+from test_sokoban_benchmarks import run_script
 
 from mage.games.sokoban.generator import generate_level
 from mage.games.sokoban.level import Level
-from test_sokoban import episode_for
-from test_sokoban_benchmarks import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import sokoban_turns  # noqa: E402

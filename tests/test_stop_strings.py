@@ -5,10 +5,11 @@ model taught the replies (conftest.TAUGHT), decoded greedily."""
 from __future__ import annotations
 
 import pytest
+from conftest import sampling
 
-from mage.backends import GenerationRequest, SamplingSettings
+from mage.backends import GenerationRequest
 
-GREEDY = SamplingSettings(temperature=0.0, max_new_tokens=40)
+GREEDY = sampling(temperature=0.0, max_new_tokens=40)
 
 #: (prompt, phase) -> the reply up to where it must stop, worked out from conftest.TAUGHT.
 EXPECTED = {
@@ -49,9 +50,9 @@ def test_replies_stop_where_their_phase_ends(kind, taught_model_dir):
 def test_an_explicit_stop_list_and_the_token_limit(kind, taught_model_dir):
     backend = make(kind, taught_model_dir)
     request = [GenerationRequest("Your card: King (K). It is your turn.")]
-    unstopped = backend.generate(request, SamplingSettings(temperature=0.0, max_new_tokens=40, stop=()))[0]
+    unstopped = backend.generate(request, sampling(temperature=0.0, max_new_tokens=40, stop=()))[0]
     assert unstopped.text.startswith("<action>bet</action> and then </remark> more")
-    capped = backend.generate(request, SamplingSettings(temperature=0.0, max_new_tokens=2))[0]
+    capped = backend.generate(request, sampling(temperature=0.0, max_new_tokens=2))[0]
     assert capped.finish_reason == "length" and len(capped.token_ids) == 2
     backend.release()
 

@@ -10,13 +10,21 @@ import polars as pl
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import mage.models.build as build_module
-from mage.config import compose
+import mage.build.preset as build_module
+from mage.algo import Penalties
+from mage.algo.returns import penalty_expression
+from mage.build import prepare_model
+from mage.build.preset import (
+    WARM_START_ROLLOUT,
+    behaviour_cloning,
+    build_differences,
+    build_tiny,
+    fresh_model,
+    learning_rate_factor,
+)
+from mage.build.tiny import scripted_tables
 from mage.games.sokoban import generate_level
-from mage.models.build import (WARM_START_ROLLOUT, behaviour_cloning, build_differences, build_tiny, fresh_model,
-                               learning_rate_factor)
-from mage.models.policy import ensure_model, load_policy
-from mage.models.tiny import scripted_tables
+from mage.models.policy import ModelNotPreparedError, load_policy, model_source
 from mage.settings import load_settings
 
 SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
@@ -58,16 +66,16 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
     # A preset already there is used as it is; built with other model.tiny settings, it is still
     # used (reuse can be on purpose), and a warning names what differs.
     weights = (directory / "model.safetensors").read_bytes()
-    with caplog.at_level(logging.WARNING, logger="mage.models.policy"):
-        assert ensure_model(settings, progress=False) == str(directory)
+    with caplog.at_level(logging.WARNING, logger="mage.build"):
+        assert prepare_model(settings, progress=False) == str(directory)
         assert not caplog.records
         changed = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cpu", "model.tiny.bc_steps=3",
                                  "model.tiny.seed=7"])
-        assert ensure_model(changed, progress=False) == str(directory)
-        assert ensure_model(changed, progress=False) == str(directory)  # once per process, not per call
+        assert prepare_model(changed, progress=False) == str(directory)
+        assert prepare_model(changed, progress=False) == str(directory)  # once per process, not per call
     assert [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records] == ["bc_steps 2 -> 3, seed 0 -> 7"]
     assert (directory / "model.safetensors").read_bytes() == weights
-    # A preset built before a setting existed was built as its default: no difference to warn of.
+    # A setting the preset does not record (added after it was built) is not compared.
     preset = json.loads((directory / "preset.json").read_text())
     del preset["build"]["bc_moves_only_share"]
     (directory / "preset.json").write_text(json.dumps(preset))
@@ -79,9 +87,22 @@ def test_a_hub_preset_loads_from_a_local_directory(tiny_model_dir, tmp_path):
     # The hub path: a real preset (LoRA, its own dtype) pointed at a locally saved model directory.
     settings = load_settings(["model=qwen2_5_0_5b", f"model.path={tiny_model_dir}", "model.dtype=float32",
                               "+model.lora.target_modules=[q_proj,v_proj]", f"paths.artifacts={tmp_path}"])
-    assert ensure_model(settings) == str(tiny_model_dir)
-    policy = load_policy(ensure_model(settings), dtype=settings.model.dtype, lora=settings.model.lora)
+    assert prepare_model(settings) == model_source(settings) == str(tiny_model_dir)
+    policy = load_policy(model_source(settings), dtype=settings.model.dtype, lora=settings.model.lora)
     assert policy.is_lora and sum(p.numel() for p in policy.model.parameters() if p.requires_grad) > 0
+
+
+def test_loading_never_builds_or_downloads(tmp_path):
+    """Loading a model finds what prepare_model left; a preset not built, or a hub model not
+    fetched, is an error that says how to prepare it, and nothing is built or fetched."""
+    tiny = load_settings([*SMALL, f"paths.artifacts={tmp_path}"])
+    with pytest.raises(ModelNotPreparedError, match=r"tiny preset is not built there; prepare it first: "
+                                                    r"`python -m flows prepare_model`"):
+        model_source(tiny)
+    hub = load_settings(["model=qwen2_5_0_5b", f"model.local_dir={tmp_path}/qwen"])
+    with pytest.raises(ModelNotPreparedError, match=r"Qwen/Qwen2.5-0.5B-Instruct: not in .*/qwen; prepare it first"):
+        model_source(hub)
+    assert not any(tmp_path.iterdir())
 
 
 def test_learning_rate_schedule_by_hand():
@@ -102,7 +123,7 @@ def test_cloning_phases_draw_the_calls_they_say(monkeypatch):
                            "model.tiny.bc_short_batch_rows=8", "model.tiny.bc_batch_rows=8",
                            "model.tiny.bc_context_tokens=16", "model.tiny.bc_constant_lr_share=0.5"]).model.tiny
     tokenizer, model, _ = fresh_model(build)
-    table = scripted_tables(compose(["game=sokoban"]), [{"rule": "wanderer", "solver_probability": 0.3}], 16, 0,
+    table = scripted_tables(load_settings(["game=sokoban"]), [{"rule": "wanderer", "solver_probability": 0.3}], 16, 0,
                             rollout=WARM_START_ROLLOUT)
     reflecting = set(np.flatnonzero((table["phase"] == "reflect").to_numpy()).tolist())
     assert reflecting and len(reflecting) < table.height
@@ -126,8 +147,8 @@ def test_the_warm_start_is_cloned_on_new_levels_under_a_fixed_training_set():
     them (it stands in for a pretrained model): the cloning data are sokoban_long's, and none of
     their levels is one of the 32."""
     rule = [{"rule": "wanderer", "solver_probability": 0.75}]
-    fixed = scripted_tables(compose(["+experiment=sokoban_levels"]), rule, 32, 0, rollout=WARM_START_ROLLOUT)
-    fresh = scripted_tables(compose(["+experiment=sokoban_long"]), rule, 32, 0, rollout=WARM_START_ROLLOUT)
+    fixed = scripted_tables(load_settings(["+experiment=sokoban_levels"]), rule, 32, 0, rollout=WARM_START_ROLLOUT)
+    fresh = scripted_tables(load_settings(["+experiment=sokoban_long"]), rule, 32, 0, rollout=WARM_START_ROLLOUT)
     assert fixed["initial_state"].to_list() == fresh["initial_state"].to_list()
     assert fixed["response"].to_list() == fresh["response"].to_list()
     training_levels = {json.dumps(generate_level(i)[0].to_data(), sort_keys=True) for i in range(32)}
@@ -141,7 +162,6 @@ def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher
     half the response limit, where the length penalty starts (MAGE-SPEC 3), counted by the
     preset's own tokenizer, and the warm start's check samples with that limit. The default
     Sokoban preset keeps the other games' 128, which does penalise it (params/model_game/tiny/sokoban.yaml)."""
-    from mage.algo.returns import penalties
     from mage.backends.scripted import ScriptedBackend
     from mage.games import make_game
 
@@ -166,7 +186,9 @@ def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher
 
     def penalty(settings) -> float:  # the length penalty's limit is the run's response limit
         row = pl.DataFrame({"response_token_ids": [list(range(tokens))], "valid": [True]})
-        return row.select(penalties(row, settings.algo))["penalty"].item()
+        penalties = Penalties(settings.game.invalid_penalty, settings.game.length_penalty,
+                              settings.engine.sampling.max_new_tokens)
+        return row.select(penalty_expression(penalties))["penalty"].item()
 
     limit = long.engine.sampling.max_new_tokens
     assert tokens <= limit / 2 and penalty(long) == 0.0

@@ -8,21 +8,22 @@ import shutil
 import polars as pl
 import pytest
 import torch
+from conftest import algo_config, train_config
 
-from mage.algo import AlgoConfig
 from mage.algo.losses import low_var_kl, ppo_loss
-from mage.config import compose
 from mage.models.policy import load_policy
-from mage.settings import Settings
-from mage.train import LoraSettings, TrainConfig
+from mage.run import RunLayout, train
+from mage.run.record import drift_warning
+from mage.run.state import start_training
+from mage.sections import LoraSettings
+from mage.settings import Settings, load_settings
 from mage.train import checkpoint as ckpt
 from mage.train.batching import micro_batches
-from mage.train.loop import RunPaths, train
 from mage.train.trainer import PolicyTrainer
 
 
 def test_ppo_clip_and_dual_clip_by_hand():
-    cfg = AlgoConfig(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.0, entropy_coef=0.0)
+    cfg = algo_config(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.0, entropy_coef=0.0)
     ratios = torch.tensor([[1.5, 0.5, 1.5, 5.0, 1.1]])
     advantages = torch.tensor([1.0])
     old = torch.zeros_like(ratios)
@@ -50,7 +51,7 @@ def test_low_var_kl_by_hand():
 def test_masked_positions_with_extreme_log_probs_leave_the_gradient_finite(masked_logprob):
     # A padded position's log-prob can be anything; the trainer fills old and reference
     # log-probs there with 0. exp(0 - (-100)) overflows float32, and 0 x inf = NaN.
-    cfg = AlgoConfig(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, entropy_coef=0.0)
+    cfg = algo_config(clip_ratio=0.2, dual_clip=3.0, kl_coef=0.1, entropy_coef=0.0)
     mask = torch.tensor([[0, 1, 1], [1, 1, 0]])
     real = torch.tensor([[0.0, math.log(0.5), math.log(0.25)], [math.log(0.8), math.log(0.1), 0.0]])
     old = torch.tensor([[0.0, math.log(0.4), math.log(0.25)], [math.log(0.9), math.log(0.1), 0.0]])
@@ -107,10 +108,10 @@ def sequence_logprob(trainer: PolicyTrainer, table: pl.DataFrame) -> list[float]
     return out
 
 
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj", "up_proj"))])
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
 def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
     policy = load_policy(tiny_model_dir, lora=lora)
-    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-2 if lora else 3e-3, mini_batch_size=4), AlgoConfig())
+    trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2 if lora else 3e-3, mini_batch_size=4), algo_config())
     table = fixed_batch(policy)
     before = sequence_logprob(trainer, table)
     first = trainer.update(table, seed=0)
@@ -131,7 +132,7 @@ def test_the_trainer_scores_the_tempered_policy_the_rollouts_sample(tiny_model_d
     policy = load_policy(tiny_model_dir)
     table = fixed_batch(policy)
     temperature = 0.5
-    scored = PolicyTrainer(policy, TrainConfig(), AlgoConfig(), temperature=temperature).logprobs(table)
+    scored = PolicyTrainer(policy, train_config(), algo_config(), temperature=temperature).logprobs(table)
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     for prompt, response, mine in zip(table["prompt_token_ids"], table["response_token_ids"], scored):
         prompt, response = prompt.to_list(), response.to_list()
@@ -143,24 +144,24 @@ def test_the_trainer_scores_the_tempered_policy_the_rollouts_sample(tiny_model_d
         assert mine != pytest.approx(untempered.tolist(), abs=1e-3)
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="temperature"):
-            PolicyTrainer(policy, TrainConfig(), AlgoConfig(), temperature=bad)
+            PolicyTrainer(policy, train_config(), algo_config(), temperature=bad)
 
 
 def test_learning_rate_schedules_by_hand():
-    constant = TrainConfig(iterations=4, learning_rate=1e-3)
+    constant = train_config(iterations=4, learning_rate=1e-3)
     assert [constant.learning_rate_at(k) for k in (1, 2, 3, 4)] == [1e-3] * 4
-    linear = TrainConfig(iterations=4, learning_rate=1e-3, lr_schedule="linear")
+    linear = train_config(iterations=4, learning_rate=1e-3, lr_schedule="linear")
     # lr * (1 - (k - 1) / K): 1, 3/4, 1/2, 1/4 of the rate; clamped outside 1..K
     assert [linear.learning_rate_at(k) for k in (0, 1, 2, 3, 4, 9)] == pytest.approx(
         [1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4, 2.5e-4])
     with pytest.raises(ValueError, match="lr_schedule"):
-        TrainConfig(lr_schedule="cosine")
+        train_config(lr_schedule="cosine")
 
 
 def test_update_runs_at_the_learning_rate_it_is_given(tiny_model_dir):
     policy = load_policy(tiny_model_dir)
-    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-2, mini_batch_size=64),
-                            AlgoConfig(kl_coef=0.0, entropy_coef=0.0))
+    trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2, mini_batch_size=64),
+                            algo_config(kl_coef=0.0, entropy_coef=0.0))
     before = [p.detach().clone() for p in trainer.parameters]
     metrics = trainer.update(fixed_batch(policy), seed=0, learning_rate=1e-4)
     assert metrics["optimizer_steps"] == 1 and metrics["learning_rate"] == 1e-4
@@ -171,16 +172,16 @@ def test_update_runs_at_the_learning_rate_it_is_given(tiny_model_dir):
 
 
 def tiny_run(tiny_model_dir, tmp_path, *extra: str) -> Settings:
-    return Settings.from_config(compose([
+    return load_settings([
         f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=3", "train.learning_rate=1e-3",
         "train.lr_schedule=linear",  # a resumed run must also resume the schedule
         "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
         "engine.sampling.max_new_tokens=6", f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *extra,
-    ]))
+    ])
 
 
 def weights(settings: Settings) -> dict[str, torch.Tensor]:
-    latest = ckpt.latest_checkpoint(RunPaths.of(settings).checkpoints)
+    latest = ckpt.latest_checkpoint(RunLayout.of(settings).checkpoints)
     from safetensors.torch import load_file
 
     name = "adapter_model.safetensors" if latest.kind == "lora" else "model.safetensors"
@@ -222,7 +223,7 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         train(interrupted, progress=False)
     monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
-    paths = RunPaths.of(interrupted)
+    paths = RunLayout.of(interrupted)
     assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
     assert not [p for p in paths.checkpoints.iterdir() if p.name.startswith(".")]  # no half-written directory
     # resumed from a copy in another folder (the README's way to continue a copied run), which
@@ -232,15 +233,15 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     copied = tiny_run(tiny_model_dir, tmp_path / "c", *extra)
     for resumed_run in (copied, interrupted):
         resumed = train(resumed_run, progress=False)
-        assert [r.iteration for r in resumed] == [2, 3]
+        assert resumed.iterations == [2, 3]
         if resumed_run is copied:
             assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
         a, b = weights(uninterrupted), weights(resumed_run)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-        table_a = pl.read_parquet(RunPaths.of(uninterrupted).rollout(3))
-        table_b = pl.read_parquet(RunPaths.of(resumed_run).rollout(3))
+        table_a = pl.read_parquet(RunLayout.of(uninterrupted).rollout(3))
+        table_b = pl.read_parquet(RunLayout.of(resumed_run).rollout(3))
         assert table_a.drop("run_id").equals(table_b.drop("run_id"))
-        manifest = ckpt.latest_checkpoint(RunPaths.of(resumed_run).checkpoints).manifest
+        manifest = ckpt.latest_checkpoint(RunLayout.of(resumed_run).checkpoints).manifest
         assert manifest["iteration"] == 3 and manifest["parent"].endswith("ckpt-00002")
         assert manifest["kind"] == ("lora" if lora else "full") and "train/loss" in manifest["metrics"]
         # linear schedule: iteration 3 of 3 ran at 1e-3 * (1 - 2/3), resumed or not
@@ -250,7 +251,7 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
 def test_a_corrupted_checkpoint_is_skipped(tiny_model_dir, tmp_path):
     settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=2")
     train(settings, progress=False)
-    root = RunPaths.of(settings).checkpoints
+    root = RunLayout.of(settings).checkpoints
     newest = ckpt.latest_checkpoint(root)
     (newest.path / "model.safetensors").write_bytes(b"truncated")
     assert ckpt.latest_checkpoint(root).iteration == 1
@@ -283,13 +284,13 @@ def test_shared_prefix_forward_is_exact_with_gradients(tiny_model_dir):
     assert torch.allclose(plain_grad, shared_grad, atol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, target_modules=("q_proj", "v_proj", "up_proj"))])
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
 def test_gradient_checkpointing_keeps_less_for_backward_and_gives_the_same_update(tiny_model_dir, lora):
     def updated(checkpointing: bool):
         torch.manual_seed(0)  # the same random LoRA A matrices in both runs
         policy = load_policy(tiny_model_dir, lora=lora)
-        cfg = TrainConfig(learning_rate=1e-2, mini_batch_size=2, gradient_checkpointing=checkpointing)
-        trainer = PolicyTrainer(policy, cfg, AlgoConfig())
+        cfg = train_config(learning_rate=1e-2, mini_batch_size=2, gradient_checkpointing=checkpointing)
+        trainer = PolicyTrainer(policy, cfg, algo_config())
         saved = []  # every tensor autograd keeps for the backward pass, by size
 
         def pack(tensor):
@@ -314,8 +315,6 @@ def test_gradient_checkpointing_keeps_less_for_backward_and_gives_the_same_updat
 
 
 def test_a_fresh_lora_adapter_depends_on_the_seed_alone(tiny_model_dir, tmp_path):
-    from mage.train.loop import start_training
-
     def adapter(seed: int, noise: int) -> dict[str, torch.Tensor]:
         torch.manual_seed(noise)  # whatever the process drew before
         settings = tiny_run(tiny_model_dir, tmp_path, f"seed={seed}", "+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj]}")
@@ -328,13 +327,10 @@ def test_a_fresh_lora_adapter_depends_on_the_seed_alone(tiny_model_dir, tmp_path
 
 
 def test_drift_is_a_rise_over_the_first_iteration_or_a_large_kl():
-    from mage.train.config import TrainConfig
-    from mage.train.loop import drift_warning
-
-    cfg = TrainConfig(drift_invalid_rise=0.15, drift_kl=1.0)
+    cfg = train_config(drift_invalid_rise=0.15, drift_kl=1.0)
     first = {"iteration": 1, "rollout/invalid_rate": 0.40, "train/kl": 0.0}  # a warm start that begins invalid
     assert drift_warning(cfg, {"iteration": 5, "rollout/invalid_rate": 0.50, "train/kl": 0.9}, first) is None
     rose = drift_warning(cfg, {"iteration": 6, "rollout/invalid_rate": 0.60, "train/kl": 0.2}, first)
     assert rose.startswith("iteration 6: invalid rate 0.60 (first iteration 0.40), KL 0.20")
     assert "KL 1.20" in drift_warning(cfg, {"iteration": 7, "rollout/invalid_rate": 0.40, "train/kl": 1.2}, first)
-    assert drift_warning(TrainConfig(drift_kl=2.0), {"iteration": 7, "train/kl": 1.2}, {}) is None  # the key is read
+    assert drift_warning(train_config(drift_kl=2.0), {"iteration": 7, "train/kl": 1.2}, {}) is None  # the key is read

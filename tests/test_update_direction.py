@@ -17,14 +17,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
-from mage.algo import AlgoConfig
-from mage.models.policy import load_policy
-from mage.train.config import LoraSettings, TrainConfig
-from mage.train.trainer import PolicyTrainer
+from conftest import algo_config, train_config
 from test_sokoban_benchmarks import run_script
 from test_trainer import fixed_batch
+from transformers import AutoModelForCausalLM
+
+from mage.models.policy import load_policy
+from mage.sections import LoraSettings
+from mage.train.trainer import PolicyTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -54,8 +54,8 @@ def printed_row(stdout: str, update: int, phase: str) -> dict[str, str]:
 def test_one_update_raises_the_positive_replies_and_lowers_the_negative(tiny_model_dir, tmp_path):
     policy = load_policy(tiny_model_dir)
     table = fixed_batch(policy).with_columns(pl.lit("play").alias("phase"))
-    trainer = PolicyTrainer(policy, TrainConfig(learning_rate=1e-3, mini_batch_size=64),
-                            AlgoConfig(kl_coef=0.0, entropy_coef=0.0))
+    trainer = PolicyTrainer(policy, train_config(learning_rate=1e-3, mini_batch_size=64),
+                            algo_config(kl_coef=0.0, entropy_coef=0.0))
     trainer.update(table, seed=0)
     run = tmp_path / "run"
     checkpoint = run / "checkpoints" / "ckpt-00001"

@@ -15,11 +15,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
+from conftest import algo_config, rollout_config, sampling, train_config
 
-from mage.backends import GenerationRequest, SamplingSettings
+from mage.backends import GenerationRequest
 from mage.config import compose
 from mage.population import population_entries
-from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
+from mage.rollout import RolloutEngine, plan_meta_episodes
 
 pytestmark = pytest.mark.vllm
 
@@ -34,13 +35,11 @@ def vllm_backend(model_dir, **options):
 
 def trainer_logprobs(model_dir, table: pl.DataFrame, adapter=None) -> list[list[float]]:
     """The trainer's log-probs of every row's response, for the model (and adapter) on disk."""
-    from mage.algo.config import AlgoConfig
     from mage.models.policy import load_policy
-    from mage.train.config import TrainConfig
     from mage.train.trainer import PolicyTrainer
 
     policy = load_policy(str(model_dir), dtype="float32", device="cpu", adapter=adapter)
-    return PolicyTrainer(policy, TrainConfig(), AlgoConfig()).logprobs(table)
+    return PolicyTrainer(policy, train_config(), algo_config()).logprobs(table)
 
 
 def largest_gap(table: pl.DataFrame, reference: list[list[float]]) -> float:
@@ -54,8 +53,8 @@ def kuhn_rollout(backend, seed: int, groups: int = 2, group_size: int = 4) -> pl
     cfg = compose(["game=kuhn_poker"])
     entries = [e for e in population_entries(cfg) if e.split == "train" and e.id == "conservative"]
     specs = plan_meta_episodes(entries, num_groups=groups, group_size=group_size, seed=0)
-    engine = RolloutEngine(backend, RolloutConfig(group_size=group_size, episodes=2), cfg.game.params)
-    return engine.run(specs, SamplingSettings(temperature=1.0, max_new_tokens=16, seed=seed), progress=False)
+    engine = RolloutEngine(backend, rollout_config(group_size=group_size, episodes=2), cfg.game.params)
+    return engine.run(specs, sampling(temperature=1.0, max_new_tokens=16, seed=seed), progress=False)
 
 
 def test_rollout_logprobs_match_the_trainer_and_groups_sample_apart(taught_model_dir):
@@ -125,7 +124,7 @@ def test_a_lora_adapter_is_served_as_peft_computes_it_and_close_frees_the_engine
     assert not left, f"close() left engine processes running: {left}"
     assert vllm._ENGINE is None
     with pytest.raises(RuntimeError, match="shut down"):
-        backend.generate([GenerationRequest("Your card: King (K).")], SamplingSettings(max_new_tokens=4))
+        backend.generate([GenerationRequest("Your card: King (K).")], sampling(max_new_tokens=4))
 
 
 def train_overrides(model_dir, artifacts, *extra: str) -> list[str]:
@@ -143,17 +142,18 @@ LORA = "model.lora={r:8,alpha:16,dropout:0.0,target_modules:[q_proj,v_proj]}"
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_each_iteration_samples_from_the_previous_checkpoint(lora, taught_model_dir, tmp_path):
+    from mage.models.policy import load_run_policy
+    from mage.run import RunLayout, train
     from mage.settings import load_settings
     from mage.train import checkpoint as ckpt
-    from mage.train.loop import RunPaths, load_run_policy, train
     from mage.train.trainer import PolicyTrainer
     from tasks import state as memory
 
     memory.forget()
     settings = load_settings(train_overrides(taught_model_dir, tmp_path, *([LORA] if lora else [])))
-    results = train(settings, progress=False)
-    assert [r.iteration for r in results] == [1, 2, 3]
-    paths = RunPaths.of(settings)
+    result = train(settings, progress=False)
+    assert result.iterations == [1, 2, 3]
+    paths = RunLayout.of(settings)
 
     def logprobs_under(checkpoint, table):
         policy = load_run_policy(settings, checkpoint)

@@ -1,7 +1,8 @@
-"""Returns, advantages and losses of MAGE (MAGE-SPEC sections 3-5)."""
+"""Returns, advantages and losses of MAGE (MAGE-SPEC sections 3-5): objectives and estimators
+registered by name (:data:`OBJECTIVES`, :data:`ESTIMATORS`)."""
 
-from mage.algo.advantages import add_advantages
-from mage.algo.config import AlgoConfig
-from mage.algo.returns import add_returns
+from mage.algo.advantages import ESTIMATORS, add_advantages, register_estimator
+from mage.algo.returns import OBJECTIVES, Penalties, add_returns, register_objective
 
-__all__ = ["AlgoConfig", "add_advantages", "add_returns"]
+__all__ = ["ESTIMATORS", "OBJECTIVES", "Penalties", "add_advantages", "add_returns", "register_estimator",
+           "register_objective"]

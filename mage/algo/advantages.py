@@ -1,5 +1,11 @@
 r"""Advantages of a trajectory table (MAGE-SPEC section 4). Input: ``add_returns``'s output.
 
+``algo.estimator`` names a function registered in :data:`ESTIMATORS` (as verl's
+``core_algos`` registers its estimators): a new one is one function decorated with
+:func:`register_estimator`. It adds ``episode_score``, ``advantage_episode`` and
+``advantage_step`` (each [rows], Float64) given the group and normalisation scope keys;
+:func:`add_advantages` then combines them into ``advantage``.
+
 **GiGPO with agent-specific groups** (``estimator: gigpo``). A group g holds the calls of
 the meta-episodes that share the initial state (seed and seat) and the opponent, within
 one run and iteration: groups never mix opponents.
@@ -52,14 +58,34 @@ Standard deviations are population ones (ddof 0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import polars as pl
 
-from mage.algo.config import AlgoConfig
 from mage.algo.returns import META_EPISODE, ORDER
+from mage.sections import AlgoConfig
 
 RUN = ["run_id", "iteration"]
 GROUP = [*RUN, "seed", "seat", "opponent"]
 REQUIRED = ["meta_reward", "penalty", "reward", "step_return"]
+
+#: An estimator: (table with returns, algo settings, group keys, normalisation scope keys)
+#: -> the table with ``episode_score``, ``advantage_episode`` and ``advantage_step``.
+Estimator = Callable[[pl.DataFrame, AlgoConfig, list[str], list[str]], pl.DataFrame]
+#: ``algo.estimator`` names to their functions.
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
+    """Register an advantage estimator under ``name`` (what ``algo.estimator`` selects)."""
+
+    def register(estimator: Estimator) -> Estimator:
+        if name in ESTIMATORS:
+            raise ValueError(f"estimator {name!r} is registered twice")
+        ESTIMATORS[name] = estimator
+        return estimator
+
+    return register
 
 
 def _normalised(value: str, over: list[str], cfg: AlgoConfig, singleton_zero: bool = False) -> pl.Expr:
@@ -77,29 +103,22 @@ def _weighted(advantage: pl.Expr, cfg: AlgoConfig) -> pl.Expr:
     return pl.when(advantage < 0).then(advantage * cfg.negative_weight).otherwise(advantage)
 
 
-def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
-    """Add ``episode_score``, ``advantage_episode``, ``advantage_step`` and ``advantage``."""
-    missing = [c for c in REQUIRED if c not in table.columns]
-    if missing:
-        raise ValueError(f"add_advantages needs add_returns's columns first; missing {missing}")
-    table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
-    group = GROUP if cfg.grouping == "stationary" else [c for c in GROUP if c != "opponent"]
-    scope = group if cfg.norm_scope == "group" else [*RUN, "opponent"]
-    if cfg.estimator == "grpo":
-        # Statistics over meta-episodes (trajectories), not over their calls.
-        per_meta = (
-            table.group_by(*META_EPISODE)
-            .agg(pl.col("reward").sum().alias("episode_score"), *[pl.col(c).first() for c in set(scope) - set(META_EPISODE)])
-            .with_columns(_normalised("episode_score", scope, cfg).alias("advantage_episode"))
-            .select(*META_EPISODE, "episode_score", "advantage_episode")
-        )
-        return (
-            table.join(per_meta, on=META_EPISODE, how="left")
-            .with_columns(pl.lit(0.0).alias("advantage_step"),
-                          _weighted(pl.col("advantage_episode"), cfg).alias("advantage"))
-            .sort(ORDER)
-        )
+@register_estimator("grpo")
+def grpo(table: pl.DataFrame, cfg: AlgoConfig, group: list[str], scope: list[str]) -> pl.DataFrame:
+    """Every call of a meta-episode gets its meta-episode's normalised summed reward; no step term."""
+    # Statistics over meta-episodes (trajectories), not over their calls.
+    per_meta = (
+        table.group_by(*META_EPISODE)
+        .agg(pl.col("reward").sum().alias("episode_score"), *[pl.col(c).first() for c in set(scope) - set(META_EPISODE)])
+        .with_columns(_normalised("episode_score", scope, cfg).alias("advantage_episode"))
+        .select(*META_EPISODE, "episode_score", "advantage_episode")
+    )
+    return table.join(per_meta, on=META_EPISODE, how="left").with_columns(pl.lit(0.0).alias("advantage_step"))
 
+
+@register_estimator("gigpo")
+def gigpo(table: pl.DataFrame, cfg: AlgoConfig, group: list[str], scope: list[str]) -> pl.DataFrame:
+    """The episode term over the scope, the step term over anchors (see the module docstring)."""
     if cfg.episode_baseline == "per_episode":
         scope = [*scope, "episode"]
     anchor = pl.when(pl.col("phase") == "play").then(pl.col("observation")).otherwise(pl.lit("<reflection>"))
@@ -110,8 +129,20 @@ def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
             _normalised("episode_score", scope, cfg).alias("advantage_episode"),
             _normalised("step_return", anchor_key, cfg, singleton_zero=True).alias("advantage_step"),
         )
-        .with_columns(_weighted(pl.col("advantage_episode") + cfg.step_weight * pl.col("advantage_step"), cfg)
-                      .alias("advantage"))
         .drop("_anchor")
-        .sort(ORDER)
     )
+
+
+def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
+    """Add ``episode_score``, ``advantage_episode``, ``advantage_step`` and ``advantage``."""
+    missing = [c for c in REQUIRED if c not in table.columns]
+    if missing:
+        raise ValueError(f"add_advantages needs add_returns's columns first; missing {missing}")
+    if cfg.estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {sorted(ESTIMATORS)}, got {cfg.estimator!r}")
+    table = table.drop(["episode_score", "advantage_episode", "advantage_step", "advantage"], strict=False)
+    group = GROUP if cfg.grouping == "stationary" else [c for c in GROUP if c != "opponent"]
+    scope = group if cfg.norm_scope == "group" else [*RUN, "opponent"]
+    scored = ESTIMATORS[cfg.estimator](table, cfg, group, scope)
+    combined = pl.col("advantage_episode") + cfg.step_weight * pl.col("advantage_step")
+    return scored.with_columns(_weighted(combined, cfg).alias("advantage")).sort(ORDER)

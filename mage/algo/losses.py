@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mage.algo.config import AlgoConfig
+from mage.sections import AlgoConfig
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ teacher-forced forward pass of the same model gives, and at sampling temperature
 ratio compares (the trainer recomputes its own, of ``softmax(logits / temperature)``; the
 rollout's copy is for checks and diagnostics).
 
-Stop strings follow the phase (:data:`PHASE_STOP_STRINGS`, :meth:`SamplingSettings.stop_for`): a play reply ends at ``</action>``, a
+Stop strings follow the phase (:data:`mage.protocol.PHASE_STOP_STRINGS`, :meth:`SamplingSettings.stop_for`): a play reply ends at ``</action>``, a
 reflection at ``</remark>``, so a reflection that quotes ``<action>bet</action>`` in its plan
 is not cut there. A stop string inside an open ``<think>`` block (Qwen3 thinking may quote
 tags while deliberating) does not end the reply; every backend applies both rules.
@@ -28,36 +28,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import Field
-from pydantic.dataclasses import dataclass as validated_dataclass
+from mage.protocol import PHASE_STOP_STRINGS, STOP_STRINGS, THINK_CLOSE, THINK_OPEN
+from mage.sections import SamplingSettings
 
-#: The closing tag that ends a reply, per phase.
-PHASE_STOP_STRINGS: dict[str, tuple[str, ...]] = {"play": ("</action>",), "reflect": ("</remark>",)}
-STOP_STRINGS = tuple(s for stops in PHASE_STOP_STRINGS.values() for s in stops)
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-@validated_dataclass(frozen=True)
-class SamplingSettings:
-    """Sampling settings; ``top_k = 0`` and ``top_p = 1.0`` switch those filters off.
-
-    ``stop`` None (the default) ends each reply at its phase's closing tag
-    (:data:`PHASE_STOP_STRINGS`); a tuple replaces that for every phase (``()``: no stop string).
-    The fields' ranges are checked on construction (pydantic)."""
-
-    temperature: Annotated[float, Field(ge=0, le=100)] = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    top_k: Annotated[int, Field(ge=0)] = 0
-    # 131072: the longest context of a Qwen-class model; a reply cannot be longer
-    max_new_tokens: Annotated[int, Field(ge=1, le=131072)] = 256
-    stop: tuple[str, ...] | None = None
-    seed: Annotated[int, Field(ge=0)] | None = None
-
-    def stop_for(self, phase: str) -> tuple[str, ...]:
-        """The stop strings of a ``phase`` reply."""
-        return PHASE_STOP_STRINGS.get(phase, STOP_STRINGS) if self.stop is None else self.stop
+__all__ = ["PHASE_STOP_STRINGS", "STOP_STRINGS", "THINK_CLOSE", "THINK_OPEN", "Backend", "Generation",
+           "GenerationRequest", "SamplingSettings", "prompt_opens_thinking", "thinking_open"]
 
 
 def prompt_opens_thinking(tokenizer: Any, prompt_ids: Sequence[int]) -> bool:

@@ -58,8 +58,7 @@ from mage.backends.base import (
     thinking_open,
 )
 from mage.backends.chat import format_prompt
-from mage.models.policy import DTYPES
-from mage.train.batching import common_prefix_length
+from mage.tensors import DTYPES, common_prefix_length
 
 
 class _RawLogProbs(LogitsProcessor):

@@ -56,6 +56,7 @@ from mage.backends.base import (
     thinking_open,
 )
 from mage.backends.chat import format_prompt
+from mage.tensors import derive_seed
 
 #: Ranks vLLM's LoRA kernels are built for (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -358,8 +359,6 @@ class VLLMBackend(Backend):
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
         if not requests:
             return []
-        from mage.rollout.engine import derive_seed
-
         prompt_ids = self.encode([r.prompt for r in requests])
         seeds = [r.seed if r.seed is not None else (None if sampling.seed is None else derive_seed(sampling.seed, i))
                  for i, r in enumerate(requests)]

@@ -1,1 +1,1 @@
-"""Model presets: the locally built tiny model and the hub-loading path."""
+"""Loading the base model and a run's policy, and the backend that generates with it."""

@@ -1,26 +1,27 @@
-"""Loading a policy: a causal LM and its tokenizer, from a hub id or a local directory.
+"""Loading a policy: a causal LM and its tokenizer, from a hub id or a local directory, and
+the backend that generates with it.
 
 The same ``from_pretrained`` path serves Qwen from the hub on a GPU machine and the
 locally built ``tiny`` preset on a laptop. LoRA (peft) is added on top when configured,
-or an existing adapter (a LoRA checkpoint) is loaded onto the base model.
+or an existing adapter (a LoRA checkpoint) is loaded onto the base model. Nothing here
+builds or downloads a model: :func:`mage.build.prepare_model` does, once, before.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mage.train.config import LoraSettings
-
-if TYPE_CHECKING:
-    from mage.settings import Settings
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from mage.backends import Backend, make_backend
+from mage.sections import LoraSettings
+from mage.settings import Settings
+from mage.tensors import DTYPES, resolve_device
+from mage.train import checkpoint as ckpt
+from mage.train.checkpoint import Checkpoint
 
 
 @dataclass
@@ -37,12 +38,6 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def load_policy(
@@ -82,35 +77,65 @@ def load_policy(
     return Policy(model=model, tokenizer=tokenizer, source=source, lora=lora)
 
 
-#: (model.path, differences) already warned about in this process.
-_STALE_PRESETS_WARNED: set[tuple[str, str]] = set()
+#: The files of a hub model that loading reads (what prepare_model fetches).
+HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
 
-def ensure_model(settings: Settings, progress: bool = True) -> str:
-    """The base model's local directory, made available: the tiny preset is built if missing;
-    a hub model (``model.path`` is a hub id) is fetched into ``model.local_dir`` (or the hub
-    cache) unless it is already there. Either way the result loads with ``from_pretrained``."""
+class ModelNotPreparedError(FileNotFoundError):
+    """The base model is not on this machine yet (``prepare_model`` builds or fetches it)."""
+
+    transient = False  # another try finds it missing again
+
+
+def model_source(settings: Settings) -> str:
+    """The base model's local directory, as :func:`mage.build.prepare_model` left it. Loading
+    never builds a preset or downloads: a model that is not there is a
+    :class:`ModelNotPreparedError` saying how to prepare it."""
     model = settings.model
-    if model.build == "tiny":
-        from mage.models.build import build_differences, build_tiny
-
-        if not (Path(model.path) / "config.json").is_file():
-            build_tiny(settings, progress=progress)
-        elif differences := build_differences(model.path, model.tiny):
-            # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a
-            # smoke run, a preset copied in to skip its build). DVC's stage rebuilds on its own.
-            changes = ", ".join(f"{key} {built!r} -> {asked!r}" for key, (built, asked) in differences.items())
-            if (model.path, changes) not in _STALE_PRESETS_WARNED:  # the flows ask once per sub-flow
-                _STALE_PRESETS_WARNED.add((model.path, changes))
-                logging.getLogger(__name__).warning(
-                    f"{model.path}: the tiny preset there was built with other model.tiny settings ({changes}); "
-                    "it is used as it is. Remove the directory, or set model.path elsewhere, to build it anew.")
-        return model.path
-    if Path(model.path).is_dir():
-        return model.path
+    prepare = ("prepare it first: `python -m flows prepare_model` (with the run's overrides), or "
+               "mage.build.prepare_model(settings) from Python")
+    if model.build == "tiny" or Path(model.path).is_dir():
+        if model.build != "tiny" or (Path(model.path) / "config.json").is_file():
+            return model.path
+        raise ModelNotPreparedError(f"{model.path}: the tiny preset is not built there; {prepare}")
     if model.local_dir and (Path(model.local_dir) / "config.json").is_file():
         return model.local_dir
     from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
-    return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=patterns)
+    try:
+        return snapshot_download(model.path, allow_patterns=list(HUB_FILES), local_files_only=True)
+    except LocalEntryNotFoundError:
+        where = model.local_dir or "the hub cache"
+        raise ModelNotPreparedError(f"{model.path}: not in {where}; {prepare}") from None
+
+
+def load_run_policy(settings: Settings, checkpoint: Checkpoint | None = None, trainable: bool = True) -> Policy:
+    """The policy of a run: the base model plus LoRA, with a checkpoint's weights if given."""
+    model = settings.model
+    policy = load_policy(model_source(settings), dtype=model.dtype, device=model.device, lora=model.lora,
+                         trainable=trainable)
+    if checkpoint is not None:
+        ckpt.load_weights(policy, checkpoint)
+    return policy
+
+
+def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint: Checkpoint | None = None) -> Backend:
+    """A backend generating with the run's policy (``policy`` in memory, else ``checkpoint``,
+    else the starting policy)."""
+    engine, model = settings.engine, settings.model
+    options = dict(engine.backend_options)
+    if engine.backend == "hf":
+        if policy is None:
+            policy = load_run_policy(settings, checkpoint, trainable=False)
+        return make_backend("hf", model=policy.model, tokenizer=policy.tokenizer, chat=model.chat,
+                            enable_thinking=model.enable_thinking, **options)
+    if engine.backend == "vllm":
+        # The process's engine (started once, on the base model): the checkpoint is the policy it serves.
+        kind = checkpoint.kind if checkpoint is not None else None
+        return make_backend("vllm", model=model_source(settings), dtype=model.dtype, chat=model.chat,
+                            adapter=checkpoint.path if kind == "lora" else None,
+                            weights=checkpoint.path if kind == "full" else None,
+                            lora_rank=model.lora.r if model.lora is not None else None,
+                            enable_thinking=model.enable_thinking, seed=settings.seed, **options)
+    return make_backend("scripted", **options)

@@ -15,19 +15,13 @@ import pyspiel
 
 from mage.opponents import kuhn_poker, tic_tac_toe
 from mage.opponents.base import Opponent
+from mage.sections import PopulationEntry
 
 REGISTRY: dict[str, dict[str, Callable[..., Opponent]]] = {
     "kuhn_poker": kuhn_poker.OPPONENTS,
     "tic_tac_toe": tic_tac_toe.OPPONENTS,
     "sokoban": {"none": lambda game: None},
 }
-
-
-def known_opponents(game_name: str | None = None) -> dict[str, list[str]] | list[str]:
-    """Registered opponent names, for one game or for all."""
-    if game_name is None:
-        return {game: sorted(names) for game, names in REGISTRY.items()}
-    return sorted(REGISTRY[game_name])
 
 
 def make(game_name: str, opponent_name: str, **params: Any) -> Opponent | None:
@@ -50,4 +44,9 @@ def make(game_name: str, opponent_name: str, **params: Any) -> Opponent | None:
     return factory(game, **params)
 
 
-__all__ = ["Opponent", "REGISTRY", "known_opponents", "make"]
+def opponent_for(entry: PopulationEntry) -> Opponent | None:
+    """A population entry's opponent (None for Sokoban's levels)."""
+    return make(entry.game, entry.opponent, **entry.params)
+
+
+__all__ = ["Opponent", "REGISTRY", "make", "opponent_for"]

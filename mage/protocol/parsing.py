@@ -26,6 +26,11 @@ from dataclasses import dataclass
 MAX_PARSE_CHARS = 200_000
 _SHOWN_CHARS = 40  # how much of a bad action string an error reason quotes
 
+#: The closing tag that ends a reply, per phase (every backend stops there).
+PHASE_STOP_STRINGS: dict[str, tuple[str, ...]] = {"play": ("</action>",), "reflect": ("</remark>",)}
+STOP_STRINGS = tuple(s for stops in PHASE_STOP_STRINGS.values() for s in stops)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
 # Tags are ASCII: matched case-insensitively in ASCII only, on the text itself. (Lower-casing
 # the text first and using its positions on the original is wrong wherever lower-casing
 # changes a length: "İ".lower() is two characters.)

@@ -1,6 +1,6 @@
 """Multi-episode rollouts: the meta-episode engine, prompts, the trajectory table, metrics."""
 
-from mage.rollout.engine import MetaEpisodeSpec, RolloutConfig, RolloutEngine, RolloutStats, plan_meta_episodes
+from mage.rollout.engine import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes
 from mage.rollout.metrics import episode_outcomes, rollout_metrics
 from mage.rollout.schema import BASE_COLUMNS, DERIVED_COLUMNS, read_trajectories, validate, write_trajectories
 
@@ -8,7 +8,6 @@ __all__ = [
     "BASE_COLUMNS",
     "DERIVED_COLUMNS",
     "MetaEpisodeSpec",
-    "RolloutConfig",
     "RolloutEngine",
     "RolloutStats",
     "episode_outcomes",

@@ -20,41 +20,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import polars as pl
-from pydantic import Field
-from pydantic.dataclasses import dataclass as validated_dataclass
 from tqdm.auto import tqdm
 
-from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
+import mage.rollout.prompts as prompts
+from mage.backends.base import Backend, Generation, GenerationRequest
 from mage.games import Episode, Game, Outcome
-from mage.population import PopulationEntry
+from mage.opponents import opponent_for
 from mage.protocol import parse_action, parse_remark
-from mage.rollout import prompts
 from mage.rollout.schema import from_rows
+from mage.sections import PopulationEntry, RolloutConfig, SamplingSettings
+from mage.tensors import derive_seed
 
 PROGRESS_SECONDS = 10.0  # a progress line at least this often while a rollout runs (log files too)
-
-
-@validated_dataclass(frozen=True)
-class RolloutConfig:
-    """How meta-episodes are played (``params/engine``); ranges are checked on construction."""
-
-    episodes: Annotated[int, Field(ge=1, le=100)] = 3
-    group_size: Annotated[int, Field(ge=1, le=1024)] = 8
-    early_stop: bool = True
-    context_mode: prompts.ContextMode = "reflection_only"
-    same_initial_state: bool = True
-    max_prompt_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None = 4096
-    prompt_overflow: prompts.OverflowRule = "drop_oldest"
-    concurrency: Annotated[int, Field(ge=1)] | None = None  # live meta-episodes stepped together; None: all
-
-    @property
-    def reflects(self) -> bool:
-        return self.context_mode != "history_only"
 
 
 @dataclass(frozen=True)
@@ -67,11 +49,6 @@ class MetaEpisodeSpec:
     seat: int
     seed: int
     index_in_group: int = 0
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integer parts (numpy's SeedSequence: well mixed, reproducible)."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFF for p in parts]).generate_state(1)[0] >> 1)
 
 
 def allocate_groups(shares: Sequence[float], num_groups: int, rng: np.random.Generator) -> list[int]:
@@ -132,7 +109,7 @@ class MetaEpisode:
 
     def __init__(self, spec: MetaEpisodeSpec, game: Game, cfg: RolloutConfig, base: Mapping[str, Any]) -> None:
         self.spec, self.game, self.cfg, self.base = spec, game, cfg, dict(base)
-        self.opponent = spec.entry.make_opponent()
+        self.opponent = opponent_for(spec.entry)
         self.first_initial = game.initial_state(spec.seed, spec.seat)
         self.finished: list[prompts.EpisodeRecord] = []
         self.rows: list[dict[str, Any]] = []
@@ -251,7 +228,6 @@ class RolloutStats:
     generated_tokens: int = 0
     total_seconds: float = 0.0
     generation_seconds: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def outside_generation_share(self) -> float:
@@ -348,6 +324,4 @@ class RolloutEngine:
 
 
 def _reseeded(sampling: SamplingSettings, step: int) -> SamplingSettings:
-    from dataclasses import replace
-
     return replace(sampling, seed=derive_seed(sampling.seed, step))

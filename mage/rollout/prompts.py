@@ -20,14 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from mage.games import Game, InitialState
-
-ContextMode = Literal["reflection_only", "history_only", "history_and_reflection"]
-OverflowRule = Literal["error", "drop_oldest"]
-CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
-OVERFLOW_RULES: tuple[str, ...] = get_args(OverflowRule)
 
 
 class PromptTooLongError(ValueError):

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 
-Batching = Literal["bucketed", "padded"]
-BATCHINGS: tuple[str, ...] = get_args(Batching)
+from mage.sections import BATCHINGS
+from mage.tensors import common_prefix_length
 
 
 @dataclass
@@ -51,14 +50,6 @@ class MicroBatch:
     @property
     def real_tokens(self) -> int:
         return int(self.attention_mask.sum())
-
-
-def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
-    first, length = sequences[0], min(len(s) for s in sequences)
-    for i in range(length):
-        if any(s[i] != first[i] for s in sequences):
-            return i
-    return length
 
 
 def collate(

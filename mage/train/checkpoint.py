@@ -60,14 +60,6 @@ class Checkpoint:
         return cls(path, io.read_json(path / MANIFEST, DAMAGED))
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def content_hash(path: str | Path) -> str:
     """Hash of a checkpoint's weights (from its manifest): what caches key on."""
     manifest = io.read_json(Path(path) / MANIFEST, DAMAGED)
@@ -125,7 +117,7 @@ def save_checkpoint(
             "python_rng": _json_rng(random.getstate()),
             "mage_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "files": {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+            "files": {p.name: io.file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         })
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -146,7 +138,7 @@ def damaged_files(path: Path) -> list[str]:
         return [MANIFEST]
     try:
         files = io.read_json(manifest_path, DAMAGED)["files"]
-        return [name for name, digest in files.items() if not (path / name).is_file() or sha256(path / name) != digest]
+        return [name for name, digest in files.items() if not (path / name).is_file() or io.file_sha256(path / name) != digest]
     except (io.CorruptFileError, KeyError, TypeError, AttributeError) as error:
         return [f"{MANIFEST} ({error})"]
 
@@ -184,8 +176,9 @@ def list_checkpoints(root: str | Path) -> list[Checkpoint]:
     return sorted(found, key=lambda c: c.iteration)
 
 
-def latest_checkpoint(root: str | Path) -> Checkpoint | None:
-    checkpoints = list_checkpoints(root)
+def latest_checkpoint(root: str | Path, at_most: int | None = None) -> Checkpoint | None:
+    """The newest complete checkpoint under ``root`` (of iteration ``at_most`` or before)."""
+    checkpoints = [c for c in list_checkpoints(root) if at_most is None or c.iteration <= at_most]
     return checkpoints[-1] if checkpoints else None
 
 

@@ -36,11 +36,10 @@ import numpy as np
 import polars as pl
 import torch
 
-from mage.algo.config import AlgoConfig
 from mage.algo.losses import entropy_from_logits, ppo_loss, token_logprobs
 from mage.models.policy import Policy
+from mage.sections import AlgoConfig, TrainConfig
 from mage.train.batching import MicroBatch, causal_lm_forward, micro_batches
-from mage.train.config import TrainConfig
 
 
 def _peak_memory_mib(device: torch.device) -> float:

@@ -17,12 +17,20 @@ exactly as a hub model would be, with ``from_pretrained`` on the path.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+import polars as pl
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
+
+from mage.backends.scripted import ScriptedBackend
+from mage.games import make_game
+from mage.rollout import RolloutEngine, plan_meta_episodes
+from mage.sections import RolloutConfig, SamplingSettings
+from mage.settings import Settings
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 PROTOCOL_TOKENS = ["<action>", "</action>", "<remark>", "</remark>", "<think>", "</think>"]
@@ -128,45 +136,44 @@ def random_model(
 
 
 # -- building the preset -----------------------------------------------------------------
+#: How the scripted players' meta-episodes are played for the tokenizer's corpus and the
+#: behaviour-cloning data (unless the caller gives its own): the spec's defaults.
+SCRIPTED_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",
+                                 same_initial_state=True, max_prompt_tokens=4096, prompt_overflow="drop_oldest",
+                                 concurrency=None)
+#: A scripted player reads no sampling but its seed (the engine derives one per call).
+SCRIPTED_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, stop=None, seed=None)
+
+
 def scripted_tables(
-    cfg: Mapping[str, Any],
+    settings: Settings,
     rules: Sequence[str | Mapping[str, Any]],
     meta_episodes: int,
     seed: int,
     progress: bool = False,
-    rollout: Any = None,
-):
+    rollout: RolloutConfig = SCRIPTED_ROLLOUT,
+) -> pl.DataFrame:
     """Trajectory tables of scripted players (:func:`mage.backends.scripted.make_rule`
-    specs) against the training population of ``cfg`` (a composed config: its game
-    parameters, population and seating), ``meta_episodes`` per rule in groups of 4, played
-    as ``rollout`` (a RolloutConfig: episodes, context mode, ...; default: its defaults).
+    specs) against the training population of ``settings`` (its game parameters, population
+    and seating), ``meta_episodes`` per rule in groups of 4, played as ``rollout``.
 
     A fixed training set (the game's ``training_set_params``, Sokoban's ``levels``) is left out:
     the warm start stands in for a pretrained model, which has not seen the levels RL will train
     on, so it is cloned on the game's own level distribution and a gain on those levels is RL's.
     It is then the same warm start with and without the set."""
-    from dataclasses import replace
-
-    import polars as pl
-
-    from mage.backends import SamplingSettings
-    from mage.backends.scripted import ScriptedBackend
-    from mage.games import make_game
-    from mage.population import population_entries, seating
-    from mage.rollout import RolloutConfig, RolloutEngine, plan_meta_episodes
-
-    training_set = make_game(cfg["game"]["name"]).training_set_params
+    training_set = make_game(settings.game.name).training_set_params
 
     def any_level(params: Mapping[str, Any]) -> dict[str, Any]:
         return {key: value for key, value in params.items() if key not in training_set}
 
-    entries = [replace(e, game_params=any_level(e.game_params)) for e in population_entries(cfg) if e.split == "train"]
-    seat_split, num_seats = seating(cfg)
-    rollout = replace(rollout or RolloutConfig(), group_size=4, concurrency=None)
+    entries = [replace(e, game_params=any_level(e.game_params)) for e in settings.population.entries
+               if e.split == "train"]
+    seat_split, num_seats = settings.population.seat_split, settings.game.num_players
+    rollout = replace(rollout, group_size=4, concurrency=None)
     tables = []
     for index, rule in enumerate(rules):
-        engine = RolloutEngine(ScriptedBackend(rule, seed=seed + index), rollout, any_level(cfg["game"]["params"]))
+        engine = RolloutEngine(ScriptedBackend(rule, seed=seed + index), rollout, any_level(settings.game.params))
         specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed + index, seat_split, num_seats)
         name = rule if isinstance(rule, str) else rule.get("rule", "rule")
-        tables.append(engine.run(specs, SamplingSettings(), run_id=f"bc-{name}", progress=progress))
+        tables.append(engine.run(specs, SCRIPTED_SAMPLING, run_id=f"bc-{name}", progress=progress))
     return pl.concat(tables)

@@ -32,34 +32,32 @@ from tqdm.auto import tqdm
 from mage import io
 from mage.backends.base import Backend
 from mage.backends.chat import format_prompt
-from mage.rollout import RolloutConfig
-from mage.models.policy import resolve_device
-from mage.models.tiny import check_round_trip, random_model, scripted_tables, train_tokenizer
+from mage.backends.hf import HFBackend
+from mage.build.tiny import check_round_trip, random_model, scripted_tables, train_tokenizer
+from mage.evaluation import evaluate
 from mage.games import GAMES, make_game
-from mage.settings import Settings, TinyBuild
+from mage.population import load_manifest, seed_population
+from mage.report import per_opponent
+from mage.sections import SPLITS, EvalConfig, RolloutConfig, TinyBuild
+from mage.settings import Settings, load_settings
+from mage.tensors import resolve_device
 from mage.train.batching import causal_lm_forward, micro_batches
-
-
-#: The config a built preset depends on: its own section, and the game and population its warm
-#: start is cloned and checked on (the DVC stage and the Prefect task key on these).
-MODEL_BUILD_SECTIONS = ("model", "game", "population")
 
 #: The meta-episodes the warm start is cloned and checked on: the spec's defaults (N = 3,
 #: reflections, early stop). Not the run's engine settings: every algorithm of a game, MAGE
 #: and its single-episode baselines alike, starts from the same warm start.
 WARM_START_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",
-                                   same_initial_state=True, max_prompt_tokens=None, prompt_overflow="error")
+                                   same_initial_state=True, max_prompt_tokens=None, prompt_overflow="error",
+                                   concurrency=None)
 
 
 def corpus(build: TinyBuild, progress: bool) -> list[str]:
     """Prompts and replies of scripted players of every game: the tokenizer's training text
     (one tokenizer covers all games, so every game's text encodes compactly)."""
-    from mage.config import compose
-
     texts = []
     for game in GAMES:
         rules = ["random"] + (["solver"] if game == "sokoban" else [])
-        table = scripted_tables(compose([f"game={game}"]), rules, build.corpus_meta_episodes, build.seed, progress)
+        table = scripted_tables(load_settings([f"game={game}"]), rules, build.corpus_meta_episodes, build.seed, progress)
         texts += table["prompt"].unique().to_list() + table["response"].unique().to_list()
     return texts
 
@@ -181,17 +179,13 @@ def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str
     ``eval`` does not rebuild the model) against the training and the held-out opponents,
     per opponent and pooled, with each one's ceiling beside it: how much room it leaves for RL.
     ``backend``: what generates (default: the ``hf`` backend's defaults on ``model``)."""
-    from mage.backends.hf import HFBackend
-    from mage.evaluation import evaluate
-    from mage.report import per_opponent
-
     build = settings.model.tiny
     backend = backend or HFBackend(model, tokenizer, chat=settings.model.chat)
-    cfg = replace(settings.eval, meta_episodes=build.check_meta_episodes, group_size=1, early_stop=True,
-                  episodes=build.check_episodes, seed=build.check_seed, sampling=build.check_sampling)
+    cfg = EvalConfig(split="train", episodes=build.check_episodes, meta_episodes=build.check_meta_episodes,
+                     group_size=1, early_stop=True, seed=build.check_seed, sampling=build.check_sampling)
     out: dict[str, Any] = {"meta_episodes_per_split": build.check_meta_episodes, "episodes": cfg.episodes,
                            "sampling": dataclasses.asdict(build.check_sampling)}
-    for split in ("train", "held_out"):
+    for split in SPLITS:
         table = evaluate(settings, backend, replace(cfg, split=split), run_id="warm-start", progress=progress,
                          rollout=WARM_START_ROLLOUT)
         rows = per_opponent(table, manifest, cfg.episodes, cfg.early_stop)
@@ -212,15 +206,13 @@ def _rounded(value: Any) -> Any:
 def population_manifest(settings: Settings) -> dict[str, Any]:
     """The run's population manifest: the seeded file if it is there, else computed (ceilings
     included) without writing it, since it is the ``seed_population`` stage's output."""
-    from mage.population import load_manifest, seed_population
-
     path = Path(settings.paths.population_manifest)
     if path.is_file():
         try:
             return load_manifest(path)
         except io.CorruptFileError as error:  # recomputable: the check goes on without it
             logging.getLogger(__name__).warning(f"{error} (recomputing the population in memory)")
-    return seed_population(settings.raw, progress=False)
+    return seed_population(settings, progress=False)
 
 
 def _recorded(build: TinyBuild) -> dict[str, Any]:
@@ -231,17 +223,16 @@ def _recorded(build: TinyBuild) -> dict[str, Any]:
 def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tuple[Any, Any]]:
     """The ``model.tiny`` settings that differ between the preset already in ``directory`` (its
     ``preset.json``) and ``build``, as ``{key: (built, asked)}``; empty when they agree or when
-    the directory records none (a model saved by hand, or a hub model)."""
+    the directory records none (a model saved by hand, or a hub model). A key that one side
+    does not record (added to ``model.tiny`` after the preset was built) is not compared."""
     try:
         built = json.loads((Path(directory) / "preset.json").read_text())["build"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     if not isinstance(built, dict):
         return {}
-    # a setting added after the preset was built: it was built as that setting's default
-    built, asked = {**_recorded(TinyBuild()), **built}, _recorded(build)
-    return {key: (built.get(key), asked.get(key)) for key in sorted(set(built) | set(asked))
-            if built.get(key) != asked.get(key)}
+    asked = _recorded(build)
+    return {key: (built[key], asked[key]) for key in sorted(set(built) & set(asked)) if built[key] != asked[key]}
 
 
 def fresh_model(build: TinyBuild, progress: bool = False) -> tuple[Any, Any, list[str]]:
@@ -276,7 +267,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
     tokenizer, model, texts = fresh_model(build, progress)
     model.to(resolve_device(model_cfg.device))
     built = time.perf_counter()
-    bc_table = scripted_tables(settings.raw, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
+    bc_table = scripted_tables(settings, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
     losses = behaviour_cloning(model, tokenizer, bc_table, build, progress)
     cloned = time.perf_counter()

@@ -1,0 +1,56 @@
+"""The library's command line (no Prefect): the composed config and the population manifest.
+
+    python -m mage config [--output FILE] [hydra overrides ...]
+    python -m mage population [hydra overrides ...]
+
+``config`` prints or writes the composed config, validated exactly as the flows validate it
+(a bad value is a one-line ``config error:`` and exit status 2, and nothing is written);
+``python -m mage config --output params.yaml`` regenerates the committed ``params.yaml``
+(``dvc exp run`` composes it the same way, with its ``-S`` overrides). ``population`` seeds
+and writes the population manifest with its ceilings. The lifecycle's own commands are the
+flows': ``python -m flows --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from omegaconf import OmegaConf
+
+    from mage import io
+    from mage.settings import SettingsError, load_settings
+
+    parser = argparse.ArgumentParser(prog="python -m mage", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    config = commands.add_parser("config", help="print or write the composed, validated config")
+    config.add_argument("--output", help="write here (atomically) instead of printing")
+    config.add_argument("overrides", nargs="*")
+    population = commands.add_parser("population", help="seed and write the population manifest")
+    population.add_argument("overrides", nargs="*")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = load_settings(args.overrides)
+    except SettingsError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        text = OmegaConf.to_yaml(OmegaConf.create(settings.raw))
+        if args.output:
+            io.write_text(args.output, text)
+        else:
+            print(text, end="")
+        return 0
+    from mage.population import seed_population, write_manifest
+
+    path = write_manifest(seed_population(settings), settings.paths.population_manifest)
+    print(f"population manifest: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

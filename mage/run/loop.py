@@ -1,0 +1,228 @@
+"""The training run, written once: resume, then per iteration rollout -> score -> update ->
+checkpoint (when due) -> record -> evaluate (when due), then ``final.json``.
+
+:func:`train` is the only loop body. How each step runs is a :class:`Steps` object's
+business: this module's runs them in this process (a notebook, ``benchmarks/``); the
+``train`` flow passes ``tasks.training.FlowSteps``, which runs the same step functions of
+:mod:`mage.run.steps` as Prefect tasks (and rollout shards on its task runner). Checkpoints,
+evaluations, ``metrics.jsonl``, ``final.json``, dvclive, drift warnings and resume are this
+loop's, so they behave the same whichever way the steps run.
+
+A run directory belongs to one configuration: ``run.json`` records the settings its
+iterations depend on (:func:`mage.run.steps.run_identity`). A run resumes from its newest
+complete checkpoint, with the same weights, optimizer and RNG state, when they are equal;
+lengthening a run (``train.iterations``) or checkpointing it more often keeps them equal.
+Under other settings the old run is moved aside (``<run>.replaced-<time>``, named in a
+warning) and the run starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+import mage.run.record as record
+import mage.run.steps as steps
+from mage import io
+from mage.rollout import RolloutStats
+from mage.run.layout import RunLayout
+from mage.run.state import TrainingState, start_training
+from mage.settings import Settings
+from mage.train import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+
+class Steps:
+    """Each step of the iteration, run in this process. A subclass may run them elsewhere
+    (``tasks.training.FlowSteps``: as Prefect tasks) but must compute the same results."""
+
+    def __init__(self, settings: Settings, progress: bool = True) -> None:
+        self.settings, self.progress = settings, progress
+
+    def prepare(self) -> None:
+        """The base model, built or fetched (:func:`mage.build.prepare_model`)."""
+        from mage.build import prepare_model
+
+        prepare_model(self.settings, progress=self.progress)
+
+    def start(self, checkpoint: ckpt.Checkpoint | None) -> TrainingState:
+        return start_training(self.settings, checkpoint)
+
+    def rollout(self, state: TrainingState, iteration: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
+        """Every shard of the iteration (``flow.rollout_shards``), in turn, from the policy in memory."""
+        played = [steps.rollout(self.settings, state.backend(), iteration, shard, self.progress)
+                  for shard in range(self.settings.flow.rollout_shards)]
+        return [table for table, _ in played], [stats for _, stats in played]
+
+    def score(self, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
+        return steps.score(self.settings, tables, iteration)
+
+    def update(self, state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
+        return steps.update(state, table, iteration)
+
+    def save(self, state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
+        return steps.save(state, metrics)
+
+    def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
+        """The newest checkpoint against ``eval.split``'s opponents: each split's final-episode rows."""
+        return {split: steps.evaluate(self.settings, state.checkpoint, split, progress=self.progress)["final"]
+                for split in steps.evaluation_splits(self.settings)}
+
+    def report(self, metrics: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
+        """A finished iteration: its log line and drift warning (the flow adds the UI's table)."""
+        logger.info(describe_iteration(history[-1]))
+        if warning:
+            logger.warning(warning)
+
+    def reported_evaluation(self, iteration: int, split: str, final: list[dict[str, Any]]) -> None:
+        logger.info(f"evaluation at iteration {iteration} ({split}): final-episode win rate "
+                    + ", ".join(f"{row['opponent']} {row['final_win_rate']:.2f}" for row in final))
+
+
+@dataclass
+class RunResult:
+    """What a call of :func:`train` did: the checkpoint it resumed from, the iterations it ran, the newest checkpoint, every
+    recorded iteration's metrics and performance, and the evaluations it made."""
+
+    settings: Settings
+    resumed_from: ckpt.Checkpoint | None = None
+    iterations: list[int] = field(default_factory=list)
+    checkpoint: ckpt.Checkpoint | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    evaluations: dict[int, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    drift_warnings: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return (self.checkpoint.iteration if self.checkpoint else 0) == self.settings.train.iterations
+
+
+def checkpoint_due(settings: Settings, iteration: int) -> bool:
+    """Every ``train.checkpoint_every`` iterations, at the last one, and before an evaluation
+    (an evaluation is of a checkpoint: its tables name it)."""
+    train = settings.train
+    return iteration % train.checkpoint_every == 0 or iteration == train.iterations or evaluation_due(settings, iteration)
+
+
+def evaluation_due(settings: Settings, iteration: int) -> bool:
+    every = settings.train.eval_every
+    return bool(every) and iteration % every == 0
+
+
+def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool = True, stop_after: int | None = None,
+          on_iteration: Callable[[RunResult], None] | None = None) -> RunResult:
+    """Run (or resume) ``run.name`` to ``train.iterations`` iterations; see the module docstring.
+
+    ``run_steps``: how the steps run (default: here, with progress bars if ``progress``);
+    ``stop_after`` ends this call after that many iterations (the run is not shortened: a
+    later call resumes it); ``on_iteration`` is called after each iteration is recorded."""
+    run_steps = run_steps if run_steps is not None else Steps(settings, progress)
+    layout = RunLayout.of(settings)
+    result = RunResult(settings)
+    with layout.writing():
+        run_steps.prepare()
+        state = run_steps.start(resume_point(settings, layout))
+        result.resumed_from = result.checkpoint = state.checkpoint
+        live = record.LiveMetrics(settings.paths.live, record.history(layout)[: state.iteration]) \
+            if settings.paths.live else None
+        try:
+            for iteration in range(state.iteration + 1, settings.train.iterations + 1):
+                if stop_after is not None and len(result.iterations) >= stop_after:
+                    break
+                tables, stats = run_steps.rollout(state, iteration)
+                table = run_steps.score(tables, iteration)
+                update = run_steps.update(state, table, iteration)
+                metrics, performance = record.iteration_records(iteration, table, update, stats)
+                if checkpoint_due(settings, iteration):
+                    result.checkpoint = run_steps.save(state, metrics)
+                recorded = record.append_record(layout.metrics, metrics)
+                record.append_record(layout.performance, performance)
+                warning = record.drift_warning(settings.train, metrics, recorded[0])
+                result.iterations.append(iteration)
+                result.history = record.history(layout)
+                if warning:
+                    result.drift_warnings[iteration] = warning
+                run_steps.report(metrics, warning, result.history)
+                if live is not None:
+                    live.log(result.history[-1])
+                if evaluation_due(settings, iteration):
+                    result.evaluations[iteration] = run_steps.evaluate(state)
+                    for split, final in result.evaluations[iteration].items():
+                        run_steps.reported_evaluation(iteration, split, final)
+                if on_iteration is not None:
+                    on_iteration(result)
+            if result.finished:
+                layout.write_final(result.checkpoint, settings.train.iterations)
+        finally:
+            if live is not None:
+                live.close()
+            state.close()
+    result.history = record.history(layout)
+    return result
+
+
+def resume_point(settings: Settings, layout: RunLayout) -> ckpt.Checkpoint | None:
+    """The newest complete checkpoint of ``layout``'s run if the run was made with the same
+    identity (``run.json``); else None, after moving another configuration's run aside."""
+    identity = steps.run_identity(settings)
+    recorded = _recorded_identity(layout)
+    if layout.identity.is_file() or ckpt.latest_checkpoint(layout.checkpoints) is not None:
+        if recorded != identity:
+            moved = layout.root.with_name(f"{layout.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
+            layout.root.rename(moved)
+            changed = differences(recorded, identity) if recorded is not None else \
+                f"{layout.identity.name} is missing or unreadable"
+            logger.warning(f"run {layout.name!r} was made with other settings ({changed}): it is moved to {moved} "
+                           "and the run starts again at iteration 1 (delete that folder once it is not needed, or "
+                           "give this configuration its own run.name)")
+    io.write_json(layout.identity, {"identity": identity})
+    return ckpt.latest_checkpoint(layout.checkpoints, at_most=settings.train.iterations)
+
+
+def _recorded_identity(layout: RunLayout) -> dict[str, Any] | None:
+    try:
+        recorded = io.read_json(layout.identity).get("identity") if layout.identity.is_file() else None
+    except (io.CorruptFileError, AttributeError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def differences(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> str:
+    """The keys whose values differ between two nested mappings, as ``key: old -> new``."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(old, dict) and isinstance(new, dict):
+            inner = differences(old, new, f"{name}.")
+            out += [inner] if inner else []
+        elif old != new:
+            out.append(f"{name}: {old!r} -> {new!r}")
+    return "; ".join(out)
+
+
+def describe_iteration(metrics: dict[str, Any]) -> str:
+    """One log line per iteration: what a researcher watches while training runs."""
+    opponents = sorted({key.split("/")[1] for key in metrics if key.startswith("rollout/") and key.count("/") == 2
+                        and key.endswith("final_win_rate")} - {"all"})
+    per_opponent = ", ".join(f"{o} {metrics[f'rollout/{o}/final_win_rate']:.2f}" for o in opponents)
+    nan = float("nan")
+    return (
+        f"iteration {metrics['iteration']}: final-episode return {metrics.get('rollout/all/final_mean_return', nan):+.2f}, "
+        f"win rate {metrics.get('rollout/all/final_win_rate', nan):.2f} ({per_opponent}); "
+        f"invalid {metrics.get('rollout/invalid_rate', nan):.3f}; loss {metrics.get('train/loss', nan):+.4f}, "
+        f"KL {metrics.get('train/kl', nan):.4f}; rollout {metrics.get('rollout/meta_episodes_per_second', 0):.1f} "
+        f"meta-episodes/s, update {metrics.get('train/tokens_per_second', 0):.0f} tokens/s"
+    )
+
+
+def final_checkpoint(settings: Settings) -> Path | None:
+    """The configured run's final checkpoint (:meth:`RunLayout.final_checkpoint`)."""
+    return RunLayout.of(settings).final_checkpoint()

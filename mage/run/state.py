@@ -1,0 +1,115 @@
+"""What a run holds in memory between iterations: the policy, its trainer and the checkpoint
+it equals (:class:`TrainingState`), and, for rollouts in other processes, a
+:class:`RolloutWorker` that samples from checkpoints on disk.
+
+Whichever samples, the trainer's policy in memory or a worker given the same checkpoint,
+the same iteration and shard play the same table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from mage.backends import Backend
+from mage.models.policy import Policy, load_run_policy, rollout_backend
+from mage.settings import Settings
+from mage.train import checkpoint as ckpt
+from mage.train.trainer import PolicyTrainer
+
+
+@dataclass
+class TrainingState:
+    """The policy and its trainer after ``iteration`` iterations; ``checkpoint`` is the newest
+    checkpoint written or loaded (it equals the weights when ``iteration`` is its iteration)."""
+
+    settings: Settings
+    policy: Policy
+    trainer: PolicyTrainer
+    iteration: int = 0
+    checkpoint: ckpt.Checkpoint | None = None
+    _backend: Backend | None = field(default=None, repr=False)
+
+    def backend(self) -> Backend:
+        """The rollout backend of the current weights (hf shares the policy's model in memory;
+        vllm serves the newest checkpoint, which with vllm is written every iteration)."""
+        if self._backend is None:
+            self._backend = rollout_backend(self.settings, self.policy, self.checkpoint)
+        return self._backend
+
+    def checkpointed(self, saved: ckpt.Checkpoint) -> None:
+        """``saved`` holds the current weights: the rollouts go on with it."""
+        self.checkpoint = saved
+        if self._backend is not None:
+            self._backend.load_checkpoint(saved.path, saved.kind)
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.release()
+        self._backend = None
+
+
+def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None) -> TrainingState:
+    """A training state at ``checkpoint`` (weights, optimizer and RNG state), or at the start."""
+    if settings.train.deterministic:
+        from transformers.trainer_utils import enable_full_determinism
+
+        enable_full_determinism(settings.train.seed)
+    # A fresh LoRA adapter is drawn from torch's global generator: seed it, so a run's
+    # starting point depends on its seed alone, not on what the process ran before.
+    torch.manual_seed(settings.train.seed)
+    # The trainer is built on the base weights (full fine-tuning copies them as the
+    # reference policy); a checkpoint's weights are loaded into the policy afterwards.
+    policy = load_run_policy(settings)
+    trainer = PolicyTrainer(policy, settings.train, settings.algo, temperature=settings.engine.sampling.temperature)
+    if checkpoint is not None:
+        ckpt.load_weights(policy, checkpoint)
+        ckpt.load_trainer_state(checkpoint, trainer.optimizer)
+    return TrainingState(settings, policy, trainer, checkpoint.iteration if checkpoint else 0, checkpoint)
+
+
+class RolloutWorker:
+    """A generation engine and the policy it samples from, kept between iterations, for
+    rollouts outside the trainer's process (a process pool's worker, a Ray actor). It holds
+    no trainer: each iteration names the checkpoint to sample from by path, and the worker
+    loads it only when it differs from the one it holds (a LoRA adapter or full weights into
+    its own copy of the model with ``hf``, or into its engine with ``vllm``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._backend: Backend | None = None
+        self._policy: Policy | None = None  # hf only: the weights the backend samples with
+        self._held: str | None = None  # the content hash of the checkpoint held (None: the starting policy)
+
+    def sample_from(self, checkpoint: str | Path | None) -> Backend:
+        """The engine, sampling from ``checkpoint`` (None: the run's starting policy)."""
+        wanted = ckpt.content_hash(checkpoint) if checkpoint is not None else None
+        if self._backend is not None and self._held == wanted:
+            return self._backend
+        loaded = ckpt.Checkpoint.at(checkpoint) if checkpoint is not None else None
+        if self._backend is not None and loaded is not None and self._policy is not None:
+            ckpt.load_weights(self._policy, loaded)  # hf: new weights into the model the backend holds
+        elif self._backend is not None and loaded is not None:
+            self._backend.load_checkpoint(loaded.path, loaded.kind)  # vllm: the engine swaps them
+        else:  # first use, or back to the starting policy: build it
+            self.close()
+            self._backend = self._build(loaded)
+        self._held = wanted
+        return self._backend
+
+    def _build(self, loaded: ckpt.Checkpoint | None) -> Backend:
+        if self.settings.engine.backend != "hf":
+            return rollout_backend(self.settings, checkpoint=loaded)
+        # A fresh LoRA adapter is drawn from torch's global generator: seeded as the trainer
+        # seeds it (start_training), the starting policy is the trainer's.
+        torch.manual_seed(self.settings.train.seed)
+        self._policy = load_run_policy(self.settings, loaded, trainable=False)
+        return rollout_backend(self.settings, policy=self._policy)
+
+    def close(self) -> None:
+        """Release the engine and the policy (a vLLM engine stays for the process's next user)."""
+        if self._backend is not None:
+            self._backend.release()
+        self._backend, self._policy, self._held = None, None, None
