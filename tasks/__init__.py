@@ -1,27 +1,27 @@
-"""The lifecycle's tasks: thin Prefect wrappers over ``mage`` (see ``tasks.caching``).
+"""The lifecycle's tasks: thin Prefect wrappers over the steps of ``mage.run.steps``.
 
-Every task takes the composed config as a plain dict (``Settings.raw``) plus file
-references, writes its large result under ``paths`` atomically and returns a
-:class:`~tasks.refs.FileRef` (with a few numbers beside it where the flow logs them).
+Every task takes the validated :class:`~mage.settings.Settings` plus file references, writes
+its large result under ``paths`` atomically and returns a :class:`~tasks.refs.FileRef`
+(with a few numbers beside it where the flow logs them). The cached ones key on the
+settings their step declares it reads (``mage.run.steps.READS``, see ``tasks.caching``),
+their code and the library's, and their inputs' content hashes:
 
-=====================  =====================================  ==============================
+=====================  =====================================  ====================================
 task                   result                                 cache key (besides code)
-=====================  =====================================  ==============================
-seed_population        the population manifest                game, population
-prepare_model          the base model directory               model, game, population
-rollout_shard          one shard's trajectory table           game, population, engine, model,
-                                                              seed, run; checkpoint; iteration
-score_rollout          the iteration's scored table           algo, engine.sampling; shards
-train_iteration        the new checkpoint and its metrics     model, algo, train, seed, run;
-                                                              table; parent checkpoint
-evaluate_checkpoint    evaluation table and metrics           eval, engine, game, population,
-                                                              model; checkpoint; split
-write_report           the report (JSON, Markdown, plots)     run, eval, game, model; tables,
-                                                              manifest, metrics history,
-                                                              checkpoint, start tables, the
-                                                              tables' policy record, the
-                                                              compared checkpoint, out dir
-=====================  =====================================  ==============================
+=====================  =====================================  ====================================
+seed-population        the population manifest                READS["seed_population"]
+prepare-model          the base model directory               READS["prepare_model"]
+evaluate-checkpoint    evaluation table and its record        READS["evaluate"]; checkpoint; split;
+                                                              out dir
+write-report           the report (JSON, Markdown, plots)     READS["report"]; tables, manifest,
+                                                              metrics history, checkpoint, start
+                                                              tables, the tables' policy record,
+                                                              the compared checkpoint, out dir
+=====================  =====================================  ====================================
+
+The training iteration's steps (``tasks.training``: ``rollout-shard``, ``score-rollout``,
+``train-iteration``, ``save-checkpoint``) are not cached: the run resumes from its
+checkpoints (``mage.run.loop``).
 
 Modules: ``tasks.population``, ``tasks.model``, ``tasks.training`` and ``tasks.evaluation``
 (a flow imports only the tasks it runs, so a DVC stage depends only on their code).

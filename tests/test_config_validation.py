@@ -275,7 +275,7 @@ def test_nested_sections_and_population_entries_are_built_strictly(override, mes
         load_settings([override])
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.integers(2, 100))
 def test_grpo_over_several_episodes_is_rejected_saying_how_to_fix_it(episodes):
     with pytest.raises(SettingsError, match=rf"^algo.estimator: grpo is single-episode RL, and engine.episodes is "
@@ -284,7 +284,7 @@ def test_grpo_over_several_episodes_is_rejected_saying_how_to_fix_it(episodes):
     assert load_settings(["algo=grpo"]).engine.episodes == 1
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(st.integers(2, 50), st.sampled_from(["flow.runner=process", "flow.runner=ray", "engine.backend=vllm"]))
 def test_rollouts_from_checkpoints_need_a_checkpoint_every_iteration(every, where):
     with pytest.raises(SettingsError, match=rf"^train.checkpoint_every: must be 1 with {where.split('=')[0]}="

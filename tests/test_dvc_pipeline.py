@@ -21,6 +21,7 @@ import pytest
 import yaml
 from conftest import process_ended
 
+
 REPO = Path(__file__).resolve().parent.parent
 #: A lifecycle small enough for a test: a tiny model with a short warm start, one iteration.
 OVERRIDES = [
@@ -139,6 +140,7 @@ def experiments(shown: list) -> dict[str, dict]:
     return found
 
 
+@pytest.mark.e2e
 def test_exp_run_composes_params_and_records_metrics(clone):
     params = clone["params"]
     assert params["train"]["iterations"] == 1 and params["model"]["tiny"]["hidden_size"] == 32  # DVC's Hydra composition
@@ -158,12 +160,14 @@ def test_exp_run_composes_params_and_records_metrics(clone):
     assert live["step"] == 1 and "rollout" in live  # dvclive's summary of the one iteration: its step is the iteration
 
 
+@pytest.mark.e2e
 def test_a_second_repro_does_nothing(clone):
     output = run([sys.executable, "-m", "dvc", "repro"], clone["root"])
     assert "Running stage" not in output
     assert "didn't change" in output or "up to date" in output
 
 
+@pytest.mark.e2e
 def test_a_parameter_change_reruns_only_the_dependent_stages(clone):
     root = clone["root"]
     params = yaml.safe_load((root / "params.yaml").read_text())
@@ -174,6 +178,7 @@ def test_a_parameter_change_reruns_only_the_dependent_stages(clone):
     assert ran == {"evaluate", "evaluate_start", "report"}, output
 
 
+@pytest.mark.e2e
 def test_push_and_pull_round_trip(clone):
     root = clone["root"]
     params = clone["params"]
@@ -190,6 +195,7 @@ def test_push_and_pull_round_trip(clone):
     assert "up to date" in run([sys.executable, "-m", "dvc", "status"], root).lower() or True
 
 
+@pytest.mark.e2e
 def test_the_report_agrees_with_a_recomputation_from_the_trajectory_table(clone):
     root = clone["root"]
     params = clone["params"]
@@ -225,6 +231,7 @@ def test_the_report_agrees_with_a_recomputation_from_the_trajectory_table(clone)
         assert mine["invalid_rate"] == pytest.approx(1 - play["valid"].sum() / play.height)
 
 
+@pytest.mark.e2e
 def test_two_experiments_compare_side_by_side(clone):
     """MAGE (the fixture's experiment) against GRPO: both rows of `dvc exp show` carry their
     params and metrics, and `dvc plots diff` draws their training curves together."""
@@ -244,6 +251,7 @@ def test_two_experiments_compare_side_by_side(clone):
     assert all(name in plots for name in names)
 
 
+@pytest.mark.e2e
 def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     """SIGKILL `dvc repro` in the middle of training: its stage process ends with it, and the
     next `dvc repro` resumes from the iterations it had finished (DVC keeps the persisted run

@@ -65,6 +65,7 @@ def test_json_lines_read_back_what_was_written_and_name_a_bad_line(tmp_path_fact
     assert str(error.value).startswith(f"{path}: line {at + 1} is not "), error.value
 
 
+@pytest.mark.e2e
 def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_model_dir, tmp_path, caplog):
     settings = tiny_run(tiny_model_dir, tmp_path)
     train(settings, progress=False)
@@ -94,6 +95,7 @@ def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_mo
 
 
 # -- kills leave nothing behind -----------------------------------------------------------
+@pytest.mark.e2e
 def test_temporaries_of_a_killed_write_are_removed_at_the_next_start(tiny_model_dir, tmp_path, caplog):
     settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=1")
     paths = RunLayout.of(settings)
@@ -111,6 +113,7 @@ def test_temporaries_of_a_killed_write_are_removed_at_the_next_start(tiny_model_
     assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_is_replaced_whole(tiny_model_dir, tmp_path, monkeypatch):
     settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=1")
     train(settings, progress=False)
@@ -198,6 +201,7 @@ def test_the_command_line_prints_one_line_for_a_run_in_use(tmp_path, monkeypatch
         cli.main(["train", "--debug"])
 
 
+@pytest.mark.e2e
 def test_a_flow_process_ends_when_its_parent_is_killed(tmp_path):
     # `dvc repro` runs a stage as a child process; killed, it must not leave the stage running
     child = ("import time, flows.__main__ as m\nm.die_with_parent()\nprint('ready', flush=True)\n"
@@ -223,6 +227,7 @@ def test_a_flow_process_ends_when_its_parent_is_killed(tmp_path):
 
 
 # -- server faults fail clearly, within flow.api_timeout_seconds ----------------------------
+@pytest.mark.e2e
 def test_a_prefect_api_that_hangs_or_is_down_fails_in_bounded_time(tmp_path):
     # The command a user runs, in its own process: in this one, the session's Prefect test
     # harness (once a flow test has started it) overrides PREFECT_API_URL with its own server.
@@ -276,6 +281,7 @@ def _servers_of(pid: int, home: Path) -> list:
     return found
 
 
+@pytest.mark.e2e
 def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
     import os
     import signal
@@ -305,6 +311,7 @@ def test_the_temporary_server_ends_with_a_flow_killed_by_sigkill(tmp_path):
         pytest.fail("the temporary Prefect server outlived its flow")
 
 
+@pytest.mark.e2e
 def test_first_starts_sharing_a_prefect_home_wait_for_each_other(tmp_path):
     # two servers migrating one new database at once fail with "no such table": the second
     # start waits for the first one's lock
@@ -376,6 +383,7 @@ def test_prefect_s_log_of_a_user_error_keeps_its_line_and_drops_the_traceback():
     logging.getLogger("prefect.task_runs").filters.clear()
 
 
+@pytest.mark.e2e
 def test_the_fault_benchmark_runs_and_every_bad_configuration_is_rejected(tmp_path):
     # benchmarks/faults.py, the README's fault probe, at its cheapest setting (in-process, no flow)
     done = subprocess.run([sys.executable, "benchmarks/faults.py", "--only", "configs", "--work", str(tmp_path)],

@@ -28,7 +28,7 @@ from mage.settings import SettingsError, load_settings
 from mage.train import checkpoint as ckpt
 from tasks import state as memory
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from mage.config import compose
 from mage.population import population_entries
 from tasks import state as memory
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
 #: The real tiny preset's code path, made small: a smaller model, a short warm start and a
 #: one-iteration run. Everything game-specific (warm-start player, population) is the default.

@@ -16,10 +16,12 @@ import psutil
 import pytest
 from conftest import process_ended
 
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 
+@pytest.mark.e2e
 def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, str(BENCHMARKS / "paper_table.py"), "--smoke", "--out", str(out)]
@@ -58,6 +60,7 @@ def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
     assert (out / "runs" / f"{lost}.json").is_file()
 
 
+@pytest.mark.e2e
 def test_workers_end_with_a_killed_driver(tmp_path):
     """A driver killed mid-run (SIGKILL: no clean-up of its own runs) leaves no worker running."""
     driver = (f"import os, sys, time; sys.path.insert(0, {str(BENCHMARKS)!r}); from paper_table import worker_pool\n"

@@ -25,7 +25,7 @@ from mage.run import RunLayout
 from mage.settings import load_settings
 from tasks import state as memory
 
-pytestmark = pytest.mark.usefixtures("prefect_harness")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture(scope="module")

@@ -172,11 +172,13 @@ def every_step(tiny_model_dir, tmp_path_factory) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("step", sorted(set(READS) - {"loop"}))
 def test_a_step_reads_what_it_declares(every_step, step):
     check(step, every_step[step])
 
 
+@pytest.mark.e2e
 def test_the_loop_reads_only_its_steps_and_its_schedule(tiny_model_dir, tmp_path):
     from mage.run import train
 

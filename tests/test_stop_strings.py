@@ -34,7 +34,7 @@ def make(kind: str, model_dir):
     return VLLMBackend(model_dir, dtype="float32", max_model_len=2048, enforce_eager=True)  # the engine of test_vllm_backend
 
 
-@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.e2e])])
 def test_replies_stop_where_their_phase_ends(kind, taught_model_dir):
     backend = make(kind, taught_model_dir)
     requests = [GenerationRequest(prompt, phase) for prompt, phase in EXPECTED]
@@ -46,7 +46,7 @@ def test_replies_stop_where_their_phase_ends(kind, taught_model_dir):
     backend.release()
 
 
-@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.mark.parametrize("kind", ["hf", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.e2e])])
 def test_an_explicit_stop_list_and_the_token_limit(kind, taught_model_dir):
     backend = make(kind, taught_model_dir)
     request = [GenerationRequest("Your card: King (K). It is your turn.")]

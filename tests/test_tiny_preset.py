@@ -32,6 +32,7 @@ SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.int
          "model.tiny.bc_steps=2", "model.tiny.bc_short_steps=2", "model.tiny.check_meta_episodes=2"]
 
 
+@pytest.mark.e2e
 def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
     # on the CPU wherever the tests run: the byte-for-byte repeat below is a CPU property
     settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cpu"])

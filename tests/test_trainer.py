@@ -203,6 +203,7 @@ def deterministic_torch():
     torch.backends.cudnn.deterministic = cudnn
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("lora", [False, True])
 def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, monkeypatch, deterministic_torch, lora):
     # deterministic kernels: on a GPU, atomic-add reductions would otherwise differ run to run
@@ -248,6 +249,7 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
         assert manifest["metrics"]["train/learning_rate"] == pytest.approx(1e-3 / 3)
 
 
+@pytest.mark.e2e
 def test_a_corrupted_checkpoint_is_skipped(tiny_model_dir, tmp_path):
     settings = tiny_run(tiny_model_dir, tmp_path, "train.iterations=2")
     train(settings, progress=False)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import get_json, start_process, stop_process, wait_for
 
+pytestmark = pytest.mark.e2e
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

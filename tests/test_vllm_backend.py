@@ -22,7 +22,7 @@ from mage.config import compose
 from mage.population import population_entries
 from mage.rollout import RolloutEngine, plan_meta_episodes
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 TOLERANCE = 2e-3
 

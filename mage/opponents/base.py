@@ -48,16 +48,6 @@ class Opponent(openspiel_policy.Policy):
             return int(actions[int(np.argmax(weights))])
         return int(actions[self._rng.choice(len(actions), p=weights / weights.sum())])
 
-    def describe(self) -> dict[str, Any]:
-        """JSON-friendly summary for the population manifest."""
-        return {
-            "rule": self.rule,
-            "params": self.params,
-            "description": self.description,
-            "deterministic": self.deterministic,
-            "explicit_policy": self.explicit,
-        }
-
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}({params})"
