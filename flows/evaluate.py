@@ -17,7 +17,7 @@ from mage.sections import SPLITS, splits_of
 from mage.settings import Settings
 from tasks.artifacts import publish_markdown
 from tasks.caching import configured
-from tasks.evaluation import evaluate_checkpoint, recorded_checkpoint, write_report
+from tasks.evaluation import evaluate_split, recorded_checkpoint, write_report
 from tasks.model import prepare_model
 from tasks.population import seed_population
 from tasks.ray_workers import shard_options
@@ -37,17 +37,17 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
     """Evaluation tables of ``checkpoint`` against every split, written into ``out_dir``."""
     flow_cfg = settings.flow
     model = configured(prepare_model, flow_cfg)(settings)
-    evaluate_split = configured(evaluate_checkpoint, flow_cfg)
+    play_split = configured(evaluate_split, flow_cfg)
     if flow_cfg.runner == "ray":  # one task per split, side by side on the cluster
         with make_runner(flow_cfg) as runner, shard_workers(settings, runner, 0) as split_runner, \
                 shard_options(flow_cfg):
-            futures = {split: split_runner.submit(evaluate_split, {"settings": settings, "model": model,
+            futures = {split: split_runner.submit(play_split, {"settings": settings, "model": model,
                                                                    "checkpoint": checkpoint, "split": split,
                                                                    "out_dir": str(out_dir)})
                        for split in splits}
             results = {split: future.result() for split, future in futures.items()}
     else:  # in this process, one after the other (a vLLM engine is one per process)
-        results = {split: evaluate_split(settings, model, checkpoint, split, str(out_dir)) for split in splits}
+        results = {split: play_split(settings, model, checkpoint, split, str(out_dir)) for split in splits}
     tables = {}
     for split, result in results.items():
         tables[split] = result["table"]

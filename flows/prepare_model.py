@@ -8,6 +8,7 @@ from prefect import flow
 
 from flows.common import logger, settings_for
 from mage import io
+from mage.sections import SPLITS
 from tasks.caching import configured
 from tasks.model import prepare_model as prepare_model_task
 from tasks.refs import FileRef
@@ -23,7 +24,7 @@ def prepare_model(overrides: list[str] | None = None, config_file: str | None = 
     if preset.is_file():  # the tiny preset describes how its warm start plays
         remedy = f"delete {model.path} and re-run prepare_model: the preset is rebuilt"
         check = io.read_json(preset, remedy).get("warm_start") or {}
-        for split in ("train", "held_out"):
+        for split in SPLITS:
             pooled = (check.get(split) or {}).get("all")
             if pooled:
                 logger().info(

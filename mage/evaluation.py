@@ -31,7 +31,7 @@ from mage.backends import Backend
 from mage.models.policy import rollout_backend
 from mage.rollout import RolloutEngine, plan_meta_episodes, write_trajectories
 from mage.rollout.metrics import final_episode_metrics, rollout_metrics
-from mage.sections import EvalConfig, PopulationEntry, RolloutConfig
+from mage.sections import SPLITS, EvalConfig, PopulationEntry, RolloutConfig
 from mage.settings import Settings
 from mage.tensors import derive_seed
 from mage.train.checkpoint import Checkpoint, content_hash
@@ -78,7 +78,7 @@ def evaluate(
 def evaluate_checkpoint(
     settings: Settings,
     checkpoint: Checkpoint | None = None,
-    splits: Sequence[str] = ("train", "held_out"),
+    splits: Sequence[str] = SPLITS,
     cfg: EvalConfig | None = None,
     progress: bool = False,
 ) -> dict[str, pl.DataFrame]:

@@ -469,7 +469,9 @@ class RayConfig:
 
 @validated_dataclass(frozen=True)
 class FlowConfig:
-    """``params/flow``: how the Prefect flows run (the library itself never reads this)."""
+    """``params/flow``: how the Prefect flows run. The library reads only ``rollout_shards``
+    (the shards set the rollouts' sampling seeds, so a run's results) and, to check it
+    against ``train.checkpoint_every``, ``runner``."""
 
     runner: Runner  # the task runner of rollout shards
     max_workers: Annotated[int, Field(ge=1, le=1024)]

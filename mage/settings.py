@@ -12,6 +12,7 @@ given and what is allowed, before any work starts.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -174,10 +175,24 @@ class Settings:
         check_across(settings)
         return settings
 
-    def hash_of(self, keys: Iterable[str] | None = None) -> str:
-        """Stable hash of some dotted keys of the raw config (None: all of it)."""
-        chosen = self.raw if keys is None else {key: select(self.raw, key) for key in sorted(set(keys))}
-        return hashlib.sha256(json.dumps(chosen, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    def values_of(self, keys: Iterable[str], ignore: Iterable[str] = ()) -> dict[str, Any]:
+        """The values of dotted ``keys`` in the composed config, without the sub-keys in ``ignore``."""
+        chosen = {key: copy.deepcopy(select(self.raw, key)) for key in sorted(set(keys))}
+        for dotted in ignore:
+            chosen.pop(dotted, None)
+            for key, value in chosen.items():
+                if dotted.startswith(key + "."):
+                    *parents, last = dotted[len(key) + 1:].split(".")
+                    for part in parents:
+                        value = value.get(part) if isinstance(value, dict) else None
+                    if isinstance(value, dict):
+                        value.pop(last, None)
+        return chosen
+
+    def hash_of(self, keys: Iterable[str], ignore: Iterable[str] = ()) -> str:
+        """A short, stable hash of :meth:`values_of` (what a cached result depends on)."""
+        text = json.dumps(self.values_of(keys, ignore), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 #: The sections a composed config must hold (the fields of :class:`Settings`), in the order they are checked.

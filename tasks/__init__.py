@@ -3,7 +3,7 @@
 Every task takes the validated :class:`~mage.settings.Settings` plus file references, writes
 its large result under ``paths`` atomically and returns a :class:`~tasks.refs.FileRef`
 (with a few numbers beside it where the flow logs them). The cached ones key on the
-settings their step declares it reads (``mage.run.steps.READS``, see ``tasks.caching``),
+settings their step declares it reads (``mage.run.reads.READS``, see ``tasks.caching``),
 their code and the library's, and their inputs' content hashes:
 
 =====================  =====================================  ====================================
@@ -23,6 +23,9 @@ The training iteration's steps (``tasks.training``: ``rollout-shard``, ``score-r
 ``train-iteration``, ``save-checkpoint``) are not cached: the run resumes from its
 checkpoints (``mage.run.loop``).
 
-Modules: ``tasks.population``, ``tasks.model``, ``tasks.training`` and ``tasks.evaluation``
-(a flow imports only the tasks it runs, so a DVC stage depends only on their code).
+Modules: the tasks of ``tasks.population``, ``tasks.model``, ``tasks.training`` and
+``tasks.evaluation`` (a flow imports only the tasks it runs, so a DVC stage depends only on
+their code); what they share: ``tasks.caching`` (cache keys, retries), ``tasks.refs`` (file
+references), ``tasks.state`` (a process's rollout worker), ``tasks.ray_workers`` (the Ray
+side) and ``tasks.artifacts`` (what the UI shows).
 """

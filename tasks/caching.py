@@ -4,7 +4,7 @@
 
 * the task's own source and the source of the whole ``mage`` package (any change to the
   library's code invalidates every cached result: correct before clever);
-* the settings its step reads, as :data:`mage.run.steps.READS` declares them (``settings``
+* the settings its step reads, as :data:`mage.run.reads.READS` declares them (``settings``
   is always the task's validated :class:`~mage.settings.Settings`);
 * every other input, with file references reduced to their content hash, so a new
   checkpoint or table means a new key and a moved-but-equal one does not.
@@ -28,7 +28,7 @@ from typing import Any
 from prefect.cache_policies import NO_CACHE, TASK_SOURCE, CachePolicy
 
 import mage
-from mage.run.steps import READS, values_of
+from mage.run.reads import READS
 from tasks.refs import FileRef, references
 
 MAX_PROBES = 8
@@ -73,7 +73,7 @@ class ArtifactCachePolicy(CachePolicy):
         payload = {
             "task": TASK_SOURCE.compute_key(task_ctx, inputs, flow_parameters),
             "library": library_source_hash(),
-            "config": values_of(settings, self.sections),
+            "config": settings.values_of(self.sections),
             "inputs": normalise({k: v for k, v in inputs.items() if k != "settings"}),
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

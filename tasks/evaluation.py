@@ -23,7 +23,7 @@ from tasks.refs import FileRef
 
 @task(name="evaluate-checkpoint", task_run_name="evaluate-{split}", cache_policy=ArtifactCachePolicy(step="evaluate"),
       **TASK_DEFAULTS)
-def evaluate_checkpoint(
+def evaluate_split(
     settings: Settings, model: FileRef, checkpoint: FileRef | None, split: str, out_dir: str | None = None
 ) -> dict[str, Any]:
     """Play ``checkpoint`` (None: the starting policy) against the ``split`` opponents; the table

@@ -2,7 +2,7 @@
 
 A Prefect task on the Ray runner is a stateless Ray task. Building a generation engine in
 it would load the model every iteration, so with ``flow.ray.long_lived_workers`` each
-shard's :class:`~mage.train.rollout_worker.RolloutWorker` lives in a Ray actor that the
+shard's :class:`~mage.run.state.RolloutWorker` lives in a Ray actor that the
 train flow creates once per run (``flows/ray_cluster.py``) and kills when it ends. The
 shard task finds its actor by name and asks it to play: the actor loads the iteration's
 checkpoint by path from the shared storage and writes the shard's table there.

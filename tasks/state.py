@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
+from mage.run.reads import READS
 from mage.run.state import RolloutWorker
-from mage.run.steps import READS
 from mage.settings import Settings
 
 #: Serialises work on shared state: rollout shards submitted to a thread pool take turns on

@@ -20,14 +20,15 @@ from prefect.task_runners import TaskRunner
 
 from mage.rollout import RolloutStats, read_trajectories
 from mage.run import steps
-from mage.run.loop import Steps, describe_iteration
+from mage.run.loop import Steps
 from mage.run.state import TrainingState
+from mage.sections import splits_of
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from tasks import state as memory
 from tasks.artifacts import publish_training_table
 from tasks.caching import STEP_DEFAULTS, configured
-from tasks.evaluation import evaluate_checkpoint
+from tasks.evaluation import evaluate_split
 from tasks.model import prepare_model
 from tasks.refs import FileRef
 
@@ -117,18 +118,15 @@ class FlowSteps(Steps):
         return self._configured(save_checkpoint)(state, metrics, state.iteration)
 
     def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
-        evaluate = self._configured(evaluate_checkpoint)
+        evaluate = self._configured(evaluate_split)
         checkpoint = FileRef.of(state.checkpoint.path, "checkpoint")
         return {split: evaluate(self.settings, self.model, checkpoint, split)["final"]
-                for split in steps.evaluation_splits(self.settings)}
+                for split in splits_of(self.settings.eval.split)}
 
-    def report(self, metrics: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
-        log = get_run_logger()
-        log.info(describe_iteration(history[-1]))
-        if warning:
-            log.warning(warning)
+    @property
+    def log(self) -> Any:
+        return get_run_logger()  # the flow run's: the UI shows it
+
+    def report(self, record: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
+        super().report(record, warning, history)
         publish_training_table(self.settings.run_name, history)
-
-    def reported_evaluation(self, iteration: int, split: str, final: list[dict[str, Any]]) -> None:
-        get_run_logger().info(f"evaluation at iteration {iteration} ({split}): final-episode win rate "
-                              + ", ".join(f"{row['opponent']} {row['final_win_rate']:.2f}" for row in final))

@@ -9,6 +9,7 @@ inside a function is still a cycle for whoever reads or moves the code); imports
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+@functools.cache
 def modules(root: Path = REPO) -> dict[str, Path]:
     """The project's modules under ``root`` (a checkout), by dotted name."""
     found = {}
@@ -55,6 +57,7 @@ def type_checking_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
+@functools.cache
 def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """Module -> the project modules it imports (``from a import b`` names ``a`` and, where it
     is a module, ``a.b``), for the checkout at ``root``."""

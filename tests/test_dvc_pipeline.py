@@ -21,7 +21,6 @@ import pytest
 import yaml
 from conftest import process_ended
 
-
 REPO = Path(__file__).resolve().parent.parent
 #: A lifecycle small enough for a test: a tiny model with a short warm start, one iteration.
 OVERRIDES = [

@@ -16,7 +16,6 @@ import psutil
 import pytest
 from conftest import process_ended
 
-
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 

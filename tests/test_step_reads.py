@@ -1,4 +1,4 @@
-"""Each step declares the settings it reads (``mage.run.steps.READS``), and the declarations
+"""Each step declares the settings it reads (``mage.run.reads.READS``), and the declarations
 are what the code reads: every step runs here on the tiny preset while every attribute read
 of the settings is recorded, and each read must be declared and each declaration read.
 
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from mage.run import steps
-from mage.run.steps import READS
+from mage.run.reads import LOOP_STEPS, READS, run_identity
 from mage.settings import Settings, load_settings
 
 SMALL_BUILD = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
@@ -102,7 +102,7 @@ ELSEWHERE = {
 
 def check(step: str, read: set[str]) -> None:
     undeclared = sorted(r for r in read if not covered(r, READS[step]))
-    assert not undeclared, f"step {step!r} reads {undeclared}, which mage.run.steps.READS does not declare"
+    assert not undeclared, f"step {step!r} reads {undeclared}, which mage.run.reads.READS does not declare"
     unread = [d for d in READS[step] if not used(d, read) and (step, d) not in ELSEWHERE]
     assert not unread, f"step {step!r} declares {unread}, which it never read here"
 
@@ -185,7 +185,7 @@ def test_the_loop_reads_only_its_steps_and_its_schedule(tiny_model_dir, tmp_path
     settings = load_settings(run_overrides(tiny_model_dir, tmp_path, "train.iterations=2", "train.eval_every=2"))
     with recording(settings) as read:
         train(settings, progress=False)
-    everything = tuple(key for step in (*steps.LOOP_STEPS, "loop") for key in READS[step])
+    everything = tuple(key for step in (*LOOP_STEPS, "loop") for key in READS[step])
     undeclared = sorted(r for r in read if not covered(r, everything))
     assert not undeclared, f"the loop reads {undeclared}, which neither it nor its steps declare"
     unread = [d for d in READS["loop"] if not used(d, read)]
@@ -194,12 +194,12 @@ def test_the_loop_reads_only_its_steps_and_its_schedule(tiny_model_dir, tmp_path
 
 def test_what_keys_a_step_is_derived_from_its_declaration():
     from tasks.caching import ArtifactCachePolicy
-    from tasks.evaluation import evaluate_checkpoint, write_report
+    from tasks.evaluation import evaluate_split, write_report
     from tasks.model import prepare_model
     from tasks.population import seed_population
 
     for task, step in ((seed_population, "seed_population"), (prepare_model, "prepare_model"),
-                       (evaluate_checkpoint, "evaluate"), (write_report, "report")):
+                       (evaluate_split, "evaluate"), (write_report, "report")):
         assert isinstance(task.cache_policy, ArtifactCachePolicy) and task.cache_policy.sections == READS[step]
     # a run's identity is what its iterations read, less where files go and the schedule
     base = load_settings()
@@ -207,10 +207,12 @@ def test_what_keys_a_step_is_derived_from_its_declaration():
                            ("flow.rollout_shards=2", False), ("game.invalid_penalty=1.5", False),
                            ("train.iterations=40", True), ("train.checkpoint_every=5", True),
                            ("paths.artifacts=elsewhere", True), ("flow.runner=sequential", True),
-                           ("eval.meta_episodes=9", True), ("run.name=other", True)):
+                           ("eval.meta_episodes=9", True), ("run.name=other", True),
+                           ("train.micro_batch_tokens=512", True), ("engine.hf.batch_size=8", True),
+                           ("model.device=cpu", True), ("train.gradient_checkpointing=true", True)):
         changed = load_settings([override])
-        assert (steps.run_identity(changed) == steps.run_identity(base)) is same, override
+        assert (run_identity(changed) == run_identity(base)) is same, override
     # with a linear schedule every iteration's rate depends on how many there are
     linear = load_settings(["train.lr_schedule=linear"])
-    assert steps.run_identity(load_settings(["train.lr_schedule=linear", "train.iterations=40"])) != \
-        steps.run_identity(linear)
+    assert run_identity(load_settings(["train.lr_schedule=linear", "train.iterations=40"])) != \
+        run_identity(linear)

@@ -6,10 +6,9 @@ it finds what this step left."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from mage.build.preset import build_differences, build_tiny
-from mage.models.policy import HUB_FILES
+from mage.models.policy import HUB_FILES, ModelNotPreparedError, model_source
 from mage.settings import Settings
 
 __all__ = ["build_tiny", "prepare_model"]
@@ -19,27 +18,26 @@ _STALE_PRESETS_WARNED: set[tuple[str, str]] = set()
 
 
 def prepare_model(settings: Settings, progress: bool = True) -> str:
-    """The base model's local directory, made available: the tiny preset is built if missing;
-    a hub model (``model.path`` is a hub id) is fetched into ``model.local_dir`` (or the hub
-    cache) unless it is already there. Either way the result loads with ``from_pretrained``."""
+    """The base model's local directory, made available: where :func:`model_source` finds it,
+    else the tiny preset built there or a hub model (``model.path`` is a hub id) fetched into
+    ``model.local_dir`` (or the hub cache). Either way the result loads with ``from_pretrained``."""
     model = settings.model
-    if model.build == "tiny":
-        if not (Path(model.path) / "config.json").is_file():
+    try:
+        found = model_source(settings)
+    except ModelNotPreparedError:
+        if model.build == "tiny":
             build_tiny(settings, progress=progress)
-        elif differences := build_differences(model.path, model.tiny):
-            # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a
-            # smoke run, a preset copied in to skip its build). DVC's stage rebuilds on its own.
-            changes = ", ".join(f"{key} {built!r} -> {asked!r}" for key, (built, asked) in differences.items())
-            if (model.path, changes) not in _STALE_PRESETS_WARNED:  # the flows ask once per sub-flow
-                _STALE_PRESETS_WARNED.add((model.path, changes))
-                logging.getLogger(__name__).warning(
-                    f"{model.path}: the tiny preset there was built with other model.tiny settings ({changes}); "
-                    "it is used as it is. Remove the directory, or set model.path elsewhere, to build it anew.")
-        return model.path
-    if Path(model.path).is_dir():
-        return model.path
-    if model.local_dir and (Path(model.local_dir) / "config.json").is_file():
-        return model.local_dir
-    from huggingface_hub import snapshot_download
+            return model.path
+        from huggingface_hub import snapshot_download
 
-    return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=list(HUB_FILES))
+        return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=list(HUB_FILES))
+    if model.build == "tiny" and (differences := build_differences(model.path, model.tiny)):
+        # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a
+        # smoke run, a preset copied in to skip its build). DVC's stage rebuilds on its own.
+        changes = ", ".join(f"{key} {built!r} -> {asked!r}" for key, (built, asked) in differences.items())
+        if (model.path, changes) not in _STALE_PRESETS_WARNED:  # the flows ask once per sub-flow
+            _STALE_PRESETS_WARNED.add((model.path, changes))
+            logging.getLogger(__name__).warning(
+                f"{model.path}: the tiny preset there was built with other model.tiny settings ({changes}); "
+                "it is used as it is. Remove the directory, or set model.path elsewhere, to build it anew.")
+    return found

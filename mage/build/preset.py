@@ -33,22 +33,15 @@ from mage import io
 from mage.backends.base import Backend
 from mage.backends.chat import format_prompt
 from mage.backends.hf import HFBackend
-from mage.build.tiny import check_round_trip, random_model, scripted_tables, train_tokenizer
+from mage.build.tiny import WARM_START_ROLLOUT, check_round_trip, random_model, scripted_tables, train_tokenizer
 from mage.evaluation import evaluate
 from mage.games import GAMES, make_game
 from mage.population import load_manifest, seed_population
 from mage.report import per_opponent
-from mage.sections import SPLITS, EvalConfig, RolloutConfig, TinyBuild
+from mage.sections import SPLITS, EvalConfig, TinyBuild
 from mage.settings import Settings, load_settings
 from mage.tensors import resolve_device
 from mage.train.batching import causal_lm_forward, micro_batches
-
-#: The meta-episodes the warm start is cloned and checked on: the spec's defaults (N = 3,
-#: reflections, early stop). Not the run's engine settings: every algorithm of a game, MAGE
-#: and its single-episode baselines alike, starts from the same warm start.
-WARM_START_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",
-                                   same_initial_state=True, max_prompt_tokens=None, prompt_overflow="error",
-                                   concurrency=None)
 
 
 def corpus(build: TinyBuild, progress: bool) -> list[str]:

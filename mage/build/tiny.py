@@ -136,11 +136,15 @@ def random_model(
 
 
 # -- building the preset -----------------------------------------------------------------
-#: How the scripted players' meta-episodes are played for the tokenizer's corpus and the
-#: behaviour-cloning data (unless the caller gives its own): the spec's defaults.
-SCRIPTED_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",
-                                 same_initial_state=True, max_prompt_tokens=4096, prompt_overflow="drop_oldest",
-                                 concurrency=None)
+#: The meta-episodes the warm start is cloned and checked on: the spec's defaults (N = 3,
+#: reflections, early stop). Not the run's engine settings: every algorithm of a game, MAGE
+#: and its single-episode baselines alike, starts from the same warm start.
+WARM_START_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",
+                                   same_initial_state=True, max_prompt_tokens=None, prompt_overflow="error",
+                                   concurrency=None)
+#: The tokenizer's corpus: the same meta-episodes, prompts cut at 4096 tokens (oldest episodes
+#: first), as every preset's tokenizer was trained.
+SCRIPTED_ROLLOUT = replace(WARM_START_ROLLOUT, max_prompt_tokens=4096, prompt_overflow="drop_oldest")
 #: A scripted player reads no sampling but its seed (the engine derives one per call).
 SCRIPTED_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, stop=None, seed=None)
 

@@ -32,6 +32,8 @@ from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
+#: The runs whose lock this process holds.
+_HELD: set[str] = set()
 
 
 def evaluation_dir(settings: Settings, checkpoint: str | Path | None) -> Path:
@@ -93,11 +95,20 @@ class RunLayout:
     def writing(self) -> Iterator[None]:
         """One writer per run: hold the run's lock (beside the run directory, so nothing
         versions it), then clear what a killed writer left behind (temporary checkpoint
-        directories and files). A second writer stops at once with the holder's pid."""
-        with io.exclusive_lock(self.lock, f"run {self.name!r}"):
-            for path in io.remove_stale_temporaries(self.root):
-                logger.warning(f"removed {path}: left by an interrupted write")
+        directories and files). A second writer stops at once with the holder's pid. Within
+        one process it nests (the train flow takes it before it starts workers, then the loop)."""
+        key = str(self.lock.resolve())
+        if key in _HELD:
             yield
+            return
+        with io.exclusive_lock(self.lock, f"run {self.name!r}"):
+            _HELD.add(key)
+            try:
+                for path in io.remove_stale_temporaries(self.root):
+                    logger.warning(f"removed {path}: left by an interrupted write")
+                yield
+            finally:
+                _HELD.discard(key)
 
     # -- the final checkpoint --------------------------------------------------------------
     def write_final(self, checkpoint: ckpt.Checkpoint | None, iterations: int) -> Path:

@@ -1,5 +1,5 @@
 """The training run, written once: resume, then per iteration rollout -> score -> update ->
-checkpoint (when due) -> record -> evaluate (when due), then ``final.json``.
+record -> checkpoint (when due) -> evaluate (when due), then ``final.json``.
 
 :func:`train` is the only loop body. How each step runs is a :class:`Steps` object's
 business: this module's runs them in this process (a notebook, ``benchmarks/``); the
@@ -9,11 +9,13 @@ evaluations, ``metrics.jsonl``, ``final.json``, dvclive, drift warnings and resu
 loop's, so they behave the same whichever way the steps run.
 
 A run directory belongs to one configuration: ``run.json`` records the settings its
-iterations depend on (:func:`mage.run.steps.run_identity`). A run resumes from its newest
+iterations depend on (:func:`mage.run.reads.run_identity`). A run resumes from its newest
 complete checkpoint, with the same weights, optimizer and RNG state, when they are equal;
-lengthening a run (``train.iterations``) or checkpointing it more often keeps them equal.
-Under other settings the old run is moved aside (``<run>.replaced-<time>``, named in a
-warning) and the run starts again.
+lengthening a run (``train.iterations``), checkpointing it more often, or giving it smaller
+micro-batches or another device keeps them equal. Iterations after that checkpoint are computed
+again (what a stopped call recorded of them is dropped), and an evaluation the call was
+stopped in is made. Under other settings the old run and its evaluations are moved aside
+(``<run>.replaced-<time>``, named in a warning) and the run starts again.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from typing import Any
 
 import polars as pl
 
+import mage.run.reads as reads
 import mage.run.record as record
 import mage.run.steps as steps
 from mage import io
 from mage.rollout import RolloutStats
-from mage.run.layout import RunLayout
+from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.state import TrainingState, start_training
+from mage.sections import splits_of
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 
@@ -45,6 +49,11 @@ class Steps:
 
     def __init__(self, settings: Settings, progress: bool = True) -> None:
         self.settings, self.progress = settings, progress
+
+    @property
+    def log(self) -> logging.Logger | logging.LoggerAdapter:
+        """Where the loop's lines go (the flow's: Prefect's run logger)."""
+        return logger
 
     def prepare(self) -> None:
         """The base model, built or fetched (:func:`mage.build.prepare_model`)."""
@@ -73,23 +82,25 @@ class Steps:
     def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
         """The newest checkpoint against ``eval.split``'s opponents: each split's final-episode rows."""
         return {split: steps.evaluate(self.settings, state.checkpoint, split, progress=self.progress)["final"]
-                for split in steps.evaluation_splits(self.settings)}
+                for split in splits_of(self.settings.eval.split)}
 
-    def report(self, metrics: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
-        """A finished iteration: its log line and drift warning (the flow adds the UI's table)."""
-        logger.info(describe_iteration(history[-1]))
+    def report(self, record: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
+        """A finished iteration (its metrics and performance): its log line and drift warning
+        (the flow adds the UI's table of ``history``)."""
+        self.log.info(describe_iteration(record))
         if warning:
-            logger.warning(warning)
+            self.log.warning(warning)
 
     def reported_evaluation(self, iteration: int, split: str, final: list[dict[str, Any]]) -> None:
-        logger.info(f"evaluation at iteration {iteration} ({split}): final-episode win rate "
-                    + ", ".join(f"{row['opponent']} {row['final_win_rate']:.2f}" for row in final))
+        self.log.info(f"evaluation at iteration {iteration} ({split}): final-episode win rate "
+                      + ", ".join(f"{row['opponent']} {row['final_win_rate']:.2f}" for row in final))
 
 
 @dataclass
 class RunResult:
-    """What a call of :func:`train` did: the checkpoint it resumed from, the iterations it ran, the newest checkpoint, every
-    recorded iteration's metrics and performance, and the evaluations it made."""
+    """What a call of :func:`train` did: the checkpoint it resumed from, the iterations it ran,
+    the newest checkpoint, every recorded iteration's metrics and performance, and the
+    evaluations it made."""
 
     settings: Settings
     resumed_from: ckpt.Checkpoint | None = None
@@ -120,9 +131,12 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
           on_iteration: Callable[[RunResult], None] | None = None) -> RunResult:
     """Run (or resume) ``run.name`` to ``train.iterations`` iterations; see the module docstring.
 
-    ``run_steps``: how the steps run (default: here, with progress bars if ``progress``);
-    ``stop_after`` ends this call after that many iterations (the run is not shortened: a
-    later call resumes it); ``on_iteration`` is called after each iteration is recorded."""
+    ``run_steps``: how the steps run (default: here, with progress bars if ``progress``; its
+    settings must be these); ``stop_after`` ends this call after that many iterations (the run
+    is not shortened: a later call resumes it); ``on_iteration`` is called after each
+    iteration is recorded."""
+    if run_steps is not None and run_steps.settings is not settings:
+        raise ValueError("run_steps runs other settings than the run's: build it from the same Settings")
     run_steps = run_steps if run_steps is not None else Steps(settings, progress)
     layout = RunLayout.of(settings)
     result = RunResult(settings)
@@ -130,9 +144,14 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
         run_steps.prepare()
         state = run_steps.start(resume_point(settings, layout))
         result.resumed_from = result.checkpoint = state.checkpoint
-        live = record.LiveMetrics(settings.paths.live, record.history(layout)[: state.iteration]) \
-            if settings.paths.live else None
+        live = None
         try:
+            # what a crashed or stopped call recorded after its newest checkpoint is computed again
+            kept = record.keep_up_to(layout, state.iteration)
+            live = record.LiveMetrics(settings.paths.live, kept) if settings.paths.live else None
+            if state.checkpoint is not None and evaluation_due(settings, state.iteration) \
+                    and not evaluated(settings, state.checkpoint):  # stopped during its evaluation
+                result.evaluations[state.iteration] = run_steps.evaluate(state)
             for iteration in range(state.iteration + 1, settings.train.iterations + 1):
                 if stop_after is not None and len(result.iterations) >= stop_after:
                     break
@@ -140,18 +159,19 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                 table = run_steps.score(tables, iteration)
                 update = run_steps.update(state, table, iteration)
                 metrics, performance = record.iteration_records(iteration, table, update, stats)
-                if checkpoint_due(settings, iteration):
-                    result.checkpoint = run_steps.save(state, metrics)
+                # recorded before the checkpoint: a run resumes at a checkpoint whose line is written
                 recorded = record.append_record(layout.metrics, metrics)
                 record.append_record(layout.performance, performance)
+                if checkpoint_due(settings, iteration):
+                    result.checkpoint = run_steps.save(state, metrics)
                 warning = record.drift_warning(settings.train, metrics, recorded[0])
                 result.iterations.append(iteration)
                 result.history = record.history(layout)
                 if warning:
                     result.drift_warnings[iteration] = warning
-                run_steps.report(metrics, warning, result.history)
+                run_steps.report(performance | metrics, warning, result.history)
                 if live is not None:
-                    live.log(result.history[-1])
+                    live.log(performance | metrics)
                 if evaluation_due(settings, iteration):
                     result.evaluations[iteration] = run_steps.evaluate(state)
                     for split, final in result.evaluations[iteration].items():
@@ -168,22 +188,40 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
     return result
 
 
+def evaluated(settings: Settings, checkpoint: ckpt.Checkpoint) -> bool:
+    """Whether ``checkpoint``'s evaluation during training is written (every split's record)."""
+    directory = evaluation_dir(settings, checkpoint.path)
+    return all((directory / f"{split}-metrics.json").is_file() for split in splits_of(settings.eval.split))
+
+
 def resume_point(settings: Settings, layout: RunLayout) -> ckpt.Checkpoint | None:
-    """The newest complete checkpoint of ``layout``'s run if the run was made with the same
-    identity (``run.json``); else None, after moving another configuration's run aside."""
-    identity = steps.run_identity(settings)
+    """The newest complete checkpoint of ``layout``'s run (of iteration ``train.iterations`` or
+    before) if the run was made with the same identity (``run.json``); else None, after moving
+    the other configuration's run, and its evaluations, aside."""
+    identity = reads.run_identity(settings)
     recorded = _recorded_identity(layout)
     if layout.identity.is_file() or ckpt.latest_checkpoint(layout.checkpoints) is not None:
         if recorded != identity:
-            moved = layout.root.with_name(f"{layout.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
-            layout.root.rename(moved)
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            moved = [_aside(path, stamp) for path in (layout.root, evaluation_dir(settings, "ckpt").parent)
+                     if path.exists()]
             changed = differences(recorded, identity) if recorded is not None else \
                 f"{layout.identity.name} is missing or unreadable"
-            logger.warning(f"run {layout.name!r} was made with other settings ({changed}): it is moved to {moved} "
-                           "and the run starts again at iteration 1 (delete that folder once it is not needed, or "
-                           "give this configuration its own run.name)")
+            logger.warning(f"run {layout.name!r} was made with other settings ({changed}): it is moved to "
+                           f"{' and '.join(map(str, moved))}, and the run starts again at iteration 1 (delete "
+                           "that once it is not needed, or give this configuration its own run.name)")
     io.write_json(layout.identity, {"identity": identity})
     return ckpt.latest_checkpoint(layout.checkpoints, at_most=settings.train.iterations)
+
+
+def _aside(path: Path, stamp: str) -> Path:
+    """Rename ``path`` to ``<name>.replaced-<stamp>`` (``-2``, ``-3``, ... if that exists)."""
+    target, number = path.with_name(f"{path.name}.replaced-{stamp}"), 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}.replaced-{stamp}-{number}")
+    path.rename(target)
+    return target
 
 
 def _recorded_identity(layout: RunLayout) -> dict[str, Any] | None:
@@ -221,8 +259,3 @@ def describe_iteration(metrics: dict[str, Any]) -> str:
         f"KL {metrics.get('train/kl', nan):.4f}; rollout {metrics.get('rollout/meta_episodes_per_second', 0):.1f} "
         f"meta-episodes/s, update {metrics.get('train/tokens_per_second', 0):.0f} tokens/s"
     )
-
-
-def final_checkpoint(settings: Settings) -> Path | None:
-    """The configured run's final checkpoint (:meth:`RunLayout.final_checkpoint`)."""
-    return RunLayout.of(settings).final_checkpoint()

@@ -79,6 +79,17 @@ def append_record(path: Path, record: Mapping[str, Any]) -> list[dict[str, Any]]
     return records
 
 
+def keep_up_to(layout: RunLayout, iteration: int) -> list[dict[str, Any]]:
+    """Drop the metrics and performance of iterations after ``iteration`` (what a stopped run
+    recorded past its newest checkpoint, computed again from there); the records kept."""
+    for path in (layout.metrics, layout.performance):
+        records = io.read_json_lines(path, METRICS_REMEDY)
+        kept = [r for r in records if r.get("iteration", 0) <= iteration]
+        if len(kept) < len(records):
+            io.write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+    return history(layout)
+
+
 def drift_warning(train_cfg: TrainConfig, metrics: Mapping[str, Any], first: Mapping[str, Any]) -> str | None:
     """A warning when the policy drifts far from its reference: the invalid-reply rate rose
     ``train.drift_invalid_rise`` over the run's ``first`` iteration, or the KL exceeds

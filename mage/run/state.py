@@ -8,6 +8,8 @@ the same iteration and shard play the same table.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,19 @@ class TrainingState:
         if self._backend is None:
             self._backend = rollout_backend(self.settings, self.policy, self.checkpoint)
         return self._backend
+
+    @contextlib.contextmanager
+    def engine_asleep(self) -> Iterator[None]:
+        """Inside, an engine of this process gives its accelerator memory to the trainer
+        (vLLM's sleep mode; a no-op elsewhere)."""
+        if self._backend is None:
+            yield
+            return
+        self._backend.sleep()
+        try:
+            yield
+        finally:
+            self._backend.wake_up()
 
     def checkpointed(self, saved: ckpt.Checkpoint) -> None:
         """``saved`` holds the current weights: the rollouts go on with it."""

@@ -1,21 +1,11 @@
-"""The steps of the lifecycle, each a plain function, and the settings each one reads.
+"""The steps of a training run, each a plain function (what each reads: :mod:`mage.run.reads`).
 
-    seed_population, prepare_model                      once, before training
+    seed_population, prepare_model                      once, before training (mage.population, mage.build)
     rollout -> score -> update -> (save) -> (evaluate)  every iteration (:mod:`mage.run.loop`)
-    finish                                              final.json, once every iteration is done
-
-:data:`READS` declares, once, the settings each step reads (dotted keys of the composed
-config). Everything that depends on a step's settings is derived from it: the Prefect tasks'
-cache keys (``tasks.caching``), the run's identity that decides whether a run directory can be
-resumed (:func:`run_identity`), the warm-start build's key and DVC's ``params`` (a test checks
-``dvc.yaml`` against it). ``tests/test_step_reads.py`` runs each step on the tiny preset while
-recording every setting it touches, and checks the declarations against what it saw.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,90 +18,11 @@ from mage.backends import Backend
 from mage.evaluation import write_evaluation
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.run.layout import RunLayout, evaluation_dir
+from mage.run.reads import identity_hash
 from mage.run.state import RolloutWorker, TrainingState
-from mage.sections import splits_of
-from mage.settings import Settings, select
+from mage.settings import Settings
 from mage.tensors import derive_seed
 from mage.train import checkpoint as ckpt
-
-#: The settings each step reads. A whole section stands for every key under it.
-READS: dict[str, tuple[str, ...]] = {
-    # the population manifest: every entry's ceilings per seat
-    "seed_population": ("game.name", "game.params", "population", "paths.population_manifest"),
-    # the base model: the tiny preset's build (cloned on the training population, checked against
-    # every opponent with the manifest's ceilings beside) or a hub model's download
-    "prepare_model": ("model", "game.name", "game.params", "population", "paths.population_manifest"),
-    # the policy, its trainer and the backend that samples from it
-    "start": ("model", "train", "algo.kl_coef", "engine.backend", "engine.hf", "engine.vllm", "engine.scripted",
-              "engine.sampling.temperature", "seed"),
-    # one shard of an iteration's meta-episodes (the shard count sets the sampling seeds)
-    "rollout": ("engine", "game.name", "game.params", "population.train", "population.seat_split",
-                "algo.grouping", "model", "seed", "train.seed", "run.name", "paths.runs", "flow.rollout_shards"),
-    # returns and advantages of the iteration's table
-    "score": ("algo", "game.invalid_penalty", "game.length_penalty", "engine.sampling.max_new_tokens", "run.name",
-              "paths.runs"),
-    # one PPO update, and the checkpoint after it (its manifest records the run's identity)
-    "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs"),
-    # a checkpoint against one split's opponents, and the record of what played it
-    "evaluate": ("eval", "engine", "game.name", "game.params", "population.train", "population.held_out",
-                 "population.seat_split", "model", "run.name", "paths.evaluations",
-                 "paths.start_evaluation", "seed"),
-    # the report of evaluation tables beside the starting policy's
-    "report": ("run.name", "eval.episodes", "eval.early_stop", "eval.sampling", "game.name", "model"),
-    # the loop itself (mage.run.loop), besides the steps it runs (LOOP_STEPS): how many iterations,
-    # when to checkpoint and evaluate, what to keep, when to warn, how many shards, where it writes
-    "loop": ("train.iterations", "train.checkpoint_every", "train.eval_every", "train.drift_invalid_rise",
-             "train.drift_kl", "eval.split", "flow.rollout_shards", "run.name", "paths.runs", "paths.live"),
-}
-#: The steps the loop runs.
-LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "evaluate")
-
-#: What only schedules the steps (the loop's reads, and how many checkpoints the update keeps):
-#: none changes what an iteration computes, so a run lengthened or checkpointed more often
-#: resumes instead of starting again.
-SCHEDULE = ("train.iterations", "train.checkpoint_every", "train.eval_every", "train.keep_checkpoints",
-            "train.drift_invalid_rise", "train.drift_kl")
-
-
-def values_of(settings: Settings, keys: Sequence[str], ignore: Sequence[str] = ()) -> dict[str, Any]:
-    """The values of ``keys`` (dotted) in the composed config, without the sub-keys in ``ignore``."""
-    import copy
-
-    chosen = {key: copy.deepcopy(select(settings.raw, key)) for key in sorted(set(keys))}
-    for dotted in ignore:
-        for key, value in chosen.items():
-            if dotted.startswith(key + "."):
-                _drop(value, dotted[len(key) + 1:])
-        chosen.pop(dotted, None)
-    return chosen
-
-
-def _drop(node: Any, dotted: str) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, dict):
-        node.pop(last, None)
-
-
-def run_identity(settings: Settings) -> dict[str, Any]:
-    """The settings a run's iterations depend on: what the steps of an iteration read, less
-    where files go (``paths``, the run's name, where the base model lies) and the schedule.
-    A run directory resumes only under the same identity (``run.json``)."""
-    keys = {key for step in ("start", "rollout", "score", "update") for key in READS[step]}
-    keys = {key for key in keys if not key.startswith(("paths.", "run."))}
-    ignore = [*SCHEDULE, "model.local_dir"]
-    if settings.train.lr_schedule == "linear":  # the rate of every iteration depends on how many there are
-        ignore.remove("train.iterations")
-    if settings.model.build == "tiny":  # a preset is named by its settings; its path is only where it lies
-        ignore.append("model.path")
-    return values_of(settings, sorted(keys), ignore)
-
-
-def identity_hash(settings: Settings) -> str:
-    """A short hash of :func:`run_identity` (what checkpoint manifests record)."""
-    text = json.dumps(run_identity(settings), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # -- the steps ------------------------------------------------------------------------------
@@ -171,22 +82,17 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
     resumed run replays the same update; a vLLM engine in this process sleeps meanwhile (its
     GPU memory goes to the trainer)."""
     settings = state.settings
-    backend = state._backend
-    if backend is not None:
-        backend.sleep()
-    try:
+    with state.engine_asleep():
         metrics = state.trainer.update(table, seed=derive_seed(settings.seed, iteration, 1),
                                        learning_rate=settings.train.learning_rate_at(iteration))
-    finally:
-        if backend is not None:
-            backend.wake_up()
     state.iteration = iteration
     return metrics
 
 
 def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
     """Checkpoint the current weights, optimizer and RNG state (the rollouts go on with it),
-    then keep the newest ``train.keep_checkpoints``."""
+    then keep the newest ``train.keep_checkpoints`` of those up to it (a longer run's later
+    ones, left by a run shortened since, are not counted or touched)."""
     settings = state.settings
     layout = RunLayout.of(settings)
     saved = ckpt.save_checkpoint(
@@ -194,7 +100,7 @@ def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
         config_hash=identity_hash(settings),
         parent=str(state.checkpoint.path) if state.checkpoint else None, metrics=metrics,
     )
-    ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints)
+    ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=state.iteration)
     state.checkpointed(saved)
     return saved
 
@@ -205,8 +111,3 @@ def evaluate(settings: Settings, checkpoint: ckpt.Checkpoint | None, split: str,
     table and its record go to ``out_dir`` (default: the run's folder for that checkpoint)."""
     directory = out_dir if out_dir is not None else evaluation_dir(settings, checkpoint.path if checkpoint else None)
     return write_evaluation(settings, checkpoint, split, directory, progress=progress)
-
-
-def evaluation_splits(settings: Settings) -> tuple[str, ...]:
-    """The splits an evaluation during training plays (``eval.split``)."""
-    return splits_of(settings.eval.split)

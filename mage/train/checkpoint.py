@@ -182,10 +182,12 @@ def latest_checkpoint(root: str | Path, at_most: int | None = None) -> Checkpoin
     return checkpoints[-1] if checkpoints else None
 
 
-def prune_checkpoints(root: str | Path, keep: int | None) -> None:
+def prune_checkpoints(root: str | Path, keep: int | None, up_to: int | None = None) -> None:
+    """Keep the newest ``keep`` complete checkpoints (None: all) of those of iteration ``up_to``
+    or before; later ones are left as they are."""
     if keep is None:
         return
-    for checkpoint in list_checkpoints(root)[:-keep]:
+    for checkpoint in [c for c in list_checkpoints(root) if up_to is None or c.iteration <= up_to][:-keep]:
         shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 

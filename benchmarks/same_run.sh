@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Does a change keep the main command's results? Runs the lifecycle the README's main command
+# runs (`dvc exp run`: population, tiny build, 20 iterations, evaluations, report) in clean
+# clones of two commits, then compares every weight file (the tiny preset and each
+# checkpoint), the rollout tables and the report's headline numbers.
+#
+#   bash benchmarks/same_run.sh run BASE_COMMIT NEW_COMMIT WORKDIR   # clone, run both (~25 min on 2 cores)
+#   bash benchmarks/same_run.sh compare CLONE_A CLONE_B              # compare two clones that ran it
+#
+# Both clones use this checkout's .venv (python -m puts each clone's own code first).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+weights() {  # the tiny preset's and every checkpoint's weights, as "sha256  relative path"
+  (cd "$1" && sha256sum artifacts/models/*/model.safetensors artifacts/runs/*/checkpoints/ckpt-*/model.safetensors \
+    | sed 's#artifacts/runs/[^/]*/##')
+}
+compare() {
+  local a="$1" b="$2" differ=0
+  diff <(weights "$a") <(weights "$b") || differ=1
+  echo "weight files: $(weights "$a" | wc -l) in $a, $(weights "$b" | wc -l) in $b"
+  for table in "$a"/artifacts/runs/*/rollouts/iteration-*.parquet; do
+    cmp -s "$table" "$b/artifacts/runs/${table#"$a"/artifacts/runs/}" || { echo "differs: ${table#"$a"/}"; differ=1; }
+  done
+  "$here/.venv/bin/python" - "$a" "$b" <<'PY' || differ=1
+import json, sys
+a, b = (json.load(open(f"{root}/results/metrics.json")) for root in sys.argv[1:3])
+print("report headline numbers:", "identical" if a == b else "DIFFER")
+sys.exit(a != b)
+PY
+  if [ "$differ" = 0 ]; then echo "same: weights, rollout tables and report"; else echo "NOT the same"; fi
+  return "$differ"
+}
+case "${1:-}" in
+  run)
+    base="$2" new="$3" work="$4"
+    for commit in "$base" "$new"; do
+      rm -rf "$work/$commit"
+      git clone -q "$here" "$work/$commit"
+      git -C "$work/$commit" checkout -q "$commit"
+      ln -s "$here/.venv" "$work/$commit/.venv"
+      (cd "$work/$commit" && . scripts/env.sh && . .venv/bin/activate && time python -m dvc exp run >run.log 2>&1)
+    done
+    compare "$work/$base" "$work/$new" ;;
+  compare) compare "$2" "$3" ;;
+  *) sed -n '2,10p' "$0"; exit 2 ;;
+esac
