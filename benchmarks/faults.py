@@ -91,7 +91,7 @@ def probe_kills(work: Path, kills: int, rng: random.Random) -> list[dict]:
         campaign += 1
         root = work / f"dvc-{campaign}"
         clone_working_tree(REPO, root)
-        subprocess.run([sys.executable, "-m", "mage.config", "--output", "params.yaml", *SMALL], cwd=root, check=True)
+        subprocess.run([sys.executable, "-m", "mage", "config", "--output", "params.yaml", *SMALL], cwd=root, check=True)
         done = sum(r["kills"] for r in records if r["target"] == "dvc repro")
         record = kill_campaign("dvc repro", [sys.executable, "-m", "dvc", "repro"], root, work / f"dvc-{campaign}-home",
                                root / "artifacts", duration * 4, rng, min(KILLS_PER_CAMPAIGN, dvc_kills - done))
@@ -162,7 +162,7 @@ def probe_corruptions(work: Path) -> list[dict]:
     def config_file(text: str | None):
         def damage(root: Path) -> Path:
             target = root / "params.yaml"
-            subprocess.run([sys.executable, "-m", "mage.config", "--output", str(target), *SMALL, *paths(root)],
+            subprocess.run([sys.executable, "-m", "mage", "config", "--output", str(target), *SMALL, *paths(root)],
                            cwd=REPO, check=True)
             if text is None:
                 target.unlink()
