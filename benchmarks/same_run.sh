@@ -4,8 +4,8 @@
 # clones of two commits, then compares every weight file (the tiny preset and each
 # checkpoint), the rollout tables and the report's headline numbers.
 #
-#   bash benchmarks/same_run.sh run BASE_COMMIT NEW_COMMIT WORKDIR   # clone, run both (~25 min on 2 cores)
-#   bash benchmarks/same_run.sh compare CLONE_A CLONE_B              # compare two clones that ran it
+#   bash benchmarks/same_run.sh run COMMIT WORKDIR      # clone COMMIT into WORKDIR/COMMIT and run it (~11 min on 2 cores)
+#   bash benchmarks/same_run.sh compare CLONE_A CLONE_B  # compare two clones that ran it
 #
 # Both clones use this checkout's .venv (python -m puts each clone's own code first).
 set -euo pipefail
@@ -32,15 +32,12 @@ PY
 }
 case "${1:-}" in
   run)
-    base="$2" new="$3" work="$4"
-    for commit in "$base" "$new"; do
-      rm -rf "$work/$commit"
-      git clone -q "$here" "$work/$commit"
-      git -C "$work/$commit" checkout -q "$commit"
-      ln -s "$here/.venv" "$work/$commit/.venv"
-      (cd "$work/$commit" && . scripts/env.sh && . .venv/bin/activate && time python -m dvc exp run >run.log 2>&1)
-    done
-    compare "$work/$base" "$work/$new" ;;
+    commit="$2" work="$3"
+    rm -rf "${work:?}/$commit"
+    git clone -q "$here" "$work/$commit"
+    git -C "$work/$commit" checkout -q "$commit"
+    ln -s "$here/.venv" "$work/$commit/.venv"
+    (cd "$work/$commit" && . scripts/env.sh && . .venv/bin/activate && time python -m dvc exp run >run.log 2>&1) ;;
   compare) compare "$2" "$3" ;;
   *) sed -n '2,10p' "$0"; exit 2 ;;
 esac
