@@ -217,6 +217,9 @@ class ModelConfig:
     path: Annotated[str, Field(min_length=1)]  # a hub id or a local directory (the tiny preset: where it is built)
     build: Literal["tiny"] | None  # tiny: built locally (mage.build); None: loaded as is
     local_dir: str | None  # a hub model is fetched here (DVC versions it); None: the hub cache
+    # the compute dtype of every forward pass; what is trained (full fine-tuning's weights,
+    # LoRA's adapters) and its optimizer state are float32, frozen weights are held in this
+    # dtype (mage.models.policy.Policy)
     dtype: Dtype
     device: str  # auto | cpu | mps | cuda | cuda:N
     chat: bool

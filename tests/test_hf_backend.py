@@ -311,3 +311,4 @@ def test_sampled_regrouped_replies_carry_their_exact_logprobs(taught_model_dir, 
         assert len(answer.logprobs) == len(answer.token_ids) > 0
         expected = teacher_forced_logprobs(reference, answer.prompt_token_ids, answer.token_ids)
         assert answer.logprobs == pytest.approx(expected, abs=1e-4)
+

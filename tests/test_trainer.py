@@ -126,6 +126,60 @@ def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
     assert trainer.update(table, seed=1)["kl"] > 0
 
 
+def test_the_full_fine_tuning_reference_is_the_starting_model_and_no_second_copy(tiny_model_dir):
+    """The reference pass puts the starting weights into the model and the current ones back:
+    its log-probs are the starting model's, bit for bit (a separate copy of it gives the same),
+    and the trained weights are what they were. The trainer holds no second module."""
+    policy = load_policy(tiny_model_dir)
+    trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2, mini_batch_size=4), algo_config())
+    assert not any(isinstance(v, torch.nn.Module) and v is not policy.model for v in vars(trainer).values())
+    table = fixed_batch(policy)
+    for _ in range(3):
+        trainer.update(table, seed=0)
+    trained = [p.detach().clone() for p in trainer.parameters]
+    prompts, responses = table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list()
+    lengths = [len(r) for r in responses]
+    batches = trainer._batches(prompts, responses, batching="bucketed")
+    reference = trainer._score(batches, lengths, reference=True)
+    assert all(torch.equal(p, t) for p, t in zip(trainer.parameters, trained))  # put back
+    starting = PolicyTrainer(load_policy(tiny_model_dir), train_config(), algo_config(kl_coef=0.0))
+    expected = starting._score(batches, lengths, reference=False)
+    assert all(torch.equal(a, b) for a, b in zip(reference, expected))
+    assert not all(torch.equal(a, b) for a, b in zip(trainer._score(batches, lengths, reference=False), expected))
+
+
+def test_bf16_full_fine_tuning_keeps_every_update_in_float32_master_weights(tiny_model_dir):
+    """Full fine-tuning in bf16 at the paper's learning rate: one update moves at least 90% of
+    the weights, as an update in float32 does, within what bf16 compute changes of the
+    gradient. (A bf16 weight of 0.02 stepped by 1e-6 would not move: its spacing is 1.2e-4.)"""
+    lr = 1e-6
+    assert torch.tensor(0.02, dtype=torch.bfloat16) + lr == torch.tensor(0.02, dtype=torch.bfloat16)
+
+    def update(dtype: str):
+        policy = load_policy(tiny_model_dir, dtype=dtype)
+        before = [p.detach().clone() for p in policy.model.parameters()]
+        trainer = PolicyTrainer(policy, train_config(learning_rate=lr, mini_batch_size=64),
+                                algo_config(kl_coef=0.0, entropy_coef=0.0))
+        computed = []
+        hook = policy.model.get_output_embeddings().register_forward_hook(lambda m, i, o: computed.append(o.dtype))
+        assert trainer.update(fixed_batch(policy), seed=0)["optimizer_steps"] == 1
+        hook.remove()
+        optimizer = {v.dtype for state in trainer.optimizer.state.values() for v in state.values() if v.numel() > 1}
+        return policy, computed, optimizer, [(a.detach() - b) for a, b in zip(policy.model.parameters(), before)]
+
+    policy, computed, optimizer, moved = update("bfloat16")
+    assert policy.compute_dtype == torch.bfloat16 and set(computed) == {torch.bfloat16}  # bf16 compute
+    assert {p.dtype for p in policy.model.parameters()} == optimizer == {torch.float32}  # master weights, AdamW
+    total = sum(m.numel() for m in moved)
+    assert sum(int((m != 0).sum()) for m in moved) >= 0.9 * total
+    _, reference_computed, _, reference = update("float32")
+    assert set(reference_computed) == {torch.float32}
+    for bf16_step, float32_step in zip(moved, reference):
+        assert float((bf16_step - float32_step).abs().max()) <= 2.01 * lr  # a step is at most lr (Adam's first)
+    same_sign = sum(int((torch.sign(a) == torch.sign(b))[b.abs() > lr / 2].sum()) for a, b in zip(moved, reference))
+    assert same_sign >= 0.95 * sum(int((b.abs() > lr / 2).sum()) for b in reference)
+
+
 def test_the_trainer_scores_the_tempered_policy_the_rollouts_sample(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 

@@ -3,8 +3,9 @@
 ``PolicyTrainer.update(table)`` reads the table's token ids and advantages and:
 
 1. recomputes the old log-probs with the current policy (no gradient) and the reference
-   log-probs (LoRA: the same model with the adapter disabled; full fine-tuning: a frozen
-   copy of the starting weights), both over length-bucketed micro-batches;
+   log-probs (LoRA: the same model with the adapter disabled; full fine-tuning: the same
+   model with the starting weights put back for that pass, from a copy in host memory, so
+   the accelerator never holds a second model), both over length-bucketed micro-batches;
 2. for each PPO epoch, shuffles the calls, cuts them into mini-batches of
    ``mini_batch_size`` calls and, per mini-batch, accumulates the gradients of its
    micro-batches (token-mean over the mini-batch, see ``mage.algo.losses``), clips the
@@ -26,11 +27,9 @@ KV cache.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -62,11 +61,12 @@ class PolicyTrainer:
         self.model = policy.model
         self.device = policy.device
         self.pad_id = policy.tokenizer.pad_token_id
-        # Full fine-tuning keeps a frozen copy of the starting weights as the reference.
-        self.reference = None
-        if not policy.is_lora and algo.kl_coef:
-            self.reference = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
+        # Full fine-tuning's reference is the starting weights: a copy in host memory, put into
+        # the model for the reference pass (once an update), never a second model on the device.
+        self.reference: list[torch.Tensor] | None = None
+        if not policy.is_lora and algo.kl_coef:
+            self.reference = [p.detach().to("cpu", copy=True) for p in self.parameters]
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters")
         self.optimizer = torch.optim.AdamW(
@@ -99,15 +99,30 @@ class PolicyTrainer:
                 layer.training = False
 
     # -- forward passes ----------------------------------------------------------------
+    @contextmanager
     def _reference_context(self):
+        """Inside, the model is the reference policy: LoRA's adapter disabled, or full
+        fine-tuning's starting weights in place of the current ones (put back after)."""
         if self.policy.is_lora:
-            return self.model.disable_adapter()
-        return nullcontext()
+            with self.model.disable_adapter():
+                yield
+            return
+        current = [p.detach().to("cpu", copy=True) for p in self.parameters]
+        try:
+            with torch.no_grad():
+                for parameter, weights in zip(self.parameters, self.reference):
+                    parameter.copy_(weights)
+            yield
+        finally:
+            with torch.no_grad():
+                for parameter, weights in zip(self.parameters, current):
+                    parameter.copy_(weights)
 
-    def forward(self, batch: MicroBatch, model: Any = None, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, batch: MicroBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs [B, K] of the right-aligned response tokens (and their entropies), at the
         trainer's temperature."""
-        logits = causal_lm_forward(model or self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
+        with self.policy.autocast():  # model.dtype's compute, float32 master weights (mage.models.policy.Policy)
+            logits = causal_lm_forward(self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
         if self.temperature != 1.0:
             logits = logits.float() / self.temperature  # in float32, as the samplers apply it
         targets = batch.targets.to(self.device)
@@ -116,13 +131,13 @@ class PolicyTrainer:
     @torch.no_grad()
     def _score(self, batches: Sequence[MicroBatch], lengths: Sequence[int], reference: bool) -> list[torch.Tensor]:
         """Per-row log-probs of the response tokens (old policy, or reference)."""
+        with self._reference_context() if reference else nullcontext():
+            return self._score_rows(batches, lengths)
+
+    def _score_rows(self, batches: Sequence[MicroBatch], lengths: Sequence[int]) -> list[torch.Tensor]:
         per_row: list[torch.Tensor | None] = [None] * len(lengths)
         for batch in batches:
-            if reference:
-                with self._reference_context():
-                    logprobs, _ = self.forward(batch, self.reference)
-            else:
-                logprobs, _ = self.forward(batch)
+            logprobs, _ = self.forward(batch)
             for r, row in enumerate(batch.rows):
                 per_row[row] = logprobs[r, logprobs.shape[1] - lengths[row] :].float().cpu()
         return per_row  # type: ignore[return-value]
