@@ -297,6 +297,11 @@ class TrainConfig:
     micro_batch_tokens: PositiveInt  # bucketed: padded tokens per micro-batch
     micro_batch_rows: PositiveInt  # padded: rows per micro-batch
     share_prefix: bool  # run a micro-batch's common prompt prefix once
+    # response tokens whose full-vocabulary logits the update holds at once: the output layer
+    # runs on the response positions in chunks of this many, each recomputed in the backward
+    # pass (mage/train/logprobs.py); None: every position's logits at once (the tiny presets'
+    # exact path, from before chunking)
+    logits_chunk_tokens: PositiveInt | None
     # Recompute each decoder layer's activations in the backward pass instead of keeping
     # them: about a third more compute for one layer's activations instead of all of them
     # (a 4B model's PPO step on 16k-token micro-batches needs it on an 80 GB GPU:

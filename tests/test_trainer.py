@@ -129,10 +129,12 @@ def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
 def test_the_full_fine_tuning_reference_is_the_starting_model_and_no_second_copy(tiny_model_dir):
     """The reference pass puts the starting weights into the model and the current ones back:
     its log-probs are the starting model's, bit for bit (a separate copy of it gives the same),
-    and the trained weights are what they were. The trainer holds no second module."""
+    and the trained weights are what they were. The trainer holds no module outside the policy's
+    (its output layer, for the chunked log-probs, is the policy's own)."""
     policy = load_policy(tiny_model_dir)
     trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2, mini_batch_size=4), algo_config())
-    assert not any(isinstance(v, torch.nn.Module) and v is not policy.model for v in vars(trainer).values())
+    own = {id(m) for m in policy.model.modules()}
+    assert all(id(v) in own for v in vars(trainer).values() if isinstance(v, torch.nn.Module))
     table = fixed_batch(policy)
     for _ in range(3):
         trainer.update(table, seed=0)
@@ -178,6 +180,54 @@ def test_bf16_full_fine_tuning_keeps_every_update_in_float32_master_weights(tiny
         assert float((bf16_step - float32_step).abs().max()) <= 2.01 * lr  # a step is at most lr (Adam's first)
     same_sign = sum(int((torch.sign(a) == torch.sign(b))[b.abs() > lr / 2].sum()) for a, b in zip(moved, reference))
     assert same_sign >= 0.95 * sum(int((b.abs() > lr / 2).sum()) for b in reference)
+
+
+@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_log_probs_entropy_and_gradients_equal_the_whole_logits(tiny_model_dir, lora, temperature):
+    """The output layer on response positions in chunks of 5 (recomputed in the backward pass)
+    against every position's logits at once: the same log-probs, entropies and gradients,
+    within 1e-5 in float32; shared prefixes included."""
+    def run(chunk):
+        torch.manual_seed(0)
+        policy = load_policy(tiny_model_dir, lora=lora)
+        trainer = PolicyTrainer(policy, train_config(logits_chunk_tokens=chunk), algo_config(), temperature=temperature)
+        rules = list(range(5, 45)) * 2  # an 80-token shared prefix
+        table = fixed_batch(policy)
+        batches = micro_batches(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list(),
+                                trainer.pad_id, share_prefix=True)
+        batches += micro_batches([rules + [50], rules + [51, 52]], [[60, 61, 62], [63]], trainer.pad_id,
+                                 share_prefix=True)
+        out = []
+        for batch in batches:
+            policy.model.zero_grad()
+            logprobs, entropy = trainer.forward(batch, entropy=True)
+            mask = batch.response_mask.bool()
+            (logprobs[mask].sum() + 0.1 * entropy[mask].sum()).backward()
+            grads = [p.grad.clone() for p in trainer.parameters]
+            out.append((logprobs[mask].detach(), entropy[mask].detach(), grads, batch.shared))
+        return out
+
+    chunked, whole = run(5), run(None)
+    assert any(shared for *_, shared in whole) and max(lp.numel() for lp, *_ in whole) > 5  # several chunks
+    for (lp, en, grads, _), (lp0, en0, grads0, _) in zip(chunked, whole, strict=True):
+        assert torch.allclose(lp, lp0, atol=1e-5) and torch.allclose(en, en0, atol=1e-5)
+        assert all(torch.allclose(g, g0, atol=1e-5) for g, g0 in zip(grads, grads0))
+
+
+def test_a_chunked_update_equals_the_whole_logits_update(tiny_model_dir):
+    def update(chunk):
+        policy = load_policy(tiny_model_dir)
+        trainer = PolicyTrainer(policy, train_config(learning_rate=1e-3, mini_batch_size=4, logits_chunk_tokens=chunk),
+                                algo_config())
+        metrics = [trainer.update(fixed_batch(policy), seed=0) for _ in range(2)]
+        return metrics, [p.detach() for p in trainer.parameters]
+
+    (chunked, weights), (whole, weights0) = update(3), update(None)
+    for a, b in zip(chunked, whole):
+        for key in ("loss", "kl", "entropy", "policy_loss"):
+            assert a[key] == pytest.approx(b[key], abs=1e-5), key
+    assert all(torch.allclose(w, w0, atol=1e-5) for w, w0 in zip(weights, weights0))
 
 
 def test_the_trainer_scores_the_tempered_policy_the_rollouts_sample(tiny_model_dir):
@@ -340,12 +390,14 @@ def test_shared_prefix_forward_is_exact_with_gradients(tiny_model_dir):
     assert torch.allclose(plain_grad, shared_grad, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [None, 4])
 @pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
-def test_gradient_checkpointing_keeps_less_for_backward_and_gives_the_same_update(tiny_model_dir, lora):
+def test_gradient_checkpointing_keeps_less_for_backward_and_gives_the_same_update(tiny_model_dir, lora, chunk):
     def updated(checkpointing: bool):
         torch.manual_seed(0)  # the same random LoRA A matrices in both runs
         policy = load_policy(tiny_model_dir, lora=lora)
-        cfg = train_config(learning_rate=1e-2, mini_batch_size=2, gradient_checkpointing=checkpointing)
+        cfg = train_config(learning_rate=1e-2, mini_batch_size=2, gradient_checkpointing=checkpointing,
+                           logits_chunk_tokens=chunk)
         trainer = PolicyTrainer(policy, cfg, algo_config())
         saved = []  # every tensor autograd keeps for the backward pass, by size
 

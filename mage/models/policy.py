@@ -79,6 +79,22 @@ def load_policy(
     full_training = trainable and lora is None and adapter is None
     held = torch.float32 if full_training else DTYPES[dtype]
     model = AutoModelForCausalLM.from_pretrained(source, dtype=held).to(resolve_device(device))
+    return as_policy(model, tokenizer, source, dtype=dtype, lora=lora, adapter=adapter, trainable=trainable)
+
+
+def as_policy(
+    model: torch.nn.Module,
+    tokenizer,
+    source: str,
+    *,
+    dtype: str = "float32",
+    lora: LoraSettings | None = None,
+    adapter: str | Path | None = None,
+    trainable: bool = True,
+) -> Policy:
+    """A loaded causal LM (held in float32 for full training, else in ``dtype``) as a
+    :class:`Policy`: with a fresh LoRA or ``adapter`` on it (:func:`load_policy`'s second half,
+    for a model built in memory, as the benchmarks do)."""
     if adapter is not None:
         from peft import PeftModel
 

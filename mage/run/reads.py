@@ -62,7 +62,7 @@ SCHEDULE = ("train.iterations", "train.checkpoint_every", "train.eval_every", "t
 #: with smaller micro-batches, another device or an engine of another size. (Summation order
 #: can differ in the last bits: such a run is the same run, not a bitwise repeat.)
 PERFORMANCE = ("engine.hf", "engine.vllm", "engine.concurrency", "train.batching", "train.micro_batch_tokens",
-               "train.micro_batch_rows", "train.share_prefix", "train.gradient_checkpointing",
+               "train.micro_batch_rows", "train.share_prefix", "train.logits_chunk_tokens", "train.gradient_checkpointing",
                "train.deterministic", "model.device")
 
 

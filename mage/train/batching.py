@@ -121,24 +121,37 @@ def micro_batches(
     return [collate(prompts, responses, g, pad_id, share_prefix) for g in groups]
 
 
-def causal_lm_forward(model, batch: MicroBatch, device) -> torch.Tensor:
-    """Logits of the last ``batch.keep`` positions, running a shared prefix only once."""
+def output_layer(model) -> torch.nn.Module:
+    """The model's output layer (the LM head), under a peft wrapper if there is one."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_output_embeddings()
+
+
+def causal_lm_forward(model, batch: MicroBatch, device, hidden: bool = False) -> torch.Tensor:
+    """Logits of the last ``batch.keep`` positions, running a shared prefix only once. With
+    ``hidden``, the decoder's last hidden states there instead (after its final norm), for an
+    output layer applied in chunks (:mod:`mage.train.logprobs`)."""
+    base = model.get_base_model() if hidden and hasattr(model, "get_base_model") else model
+    net = base.get_decoder() if hidden else model
+    keep = {} if hidden else {"logits_to_keep": batch.keep}
     input_ids = batch.input_ids.to(device)
     attention = batch.attention_mask.to(device)
     positions = batch.position_ids.to(device)
     if not batch.shared:
-        return model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                     logits_to_keep=batch.keep, use_cache=False).logits
+        out = net(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False, **keep)
+        return out.last_hidden_state[:, -batch.keep:] if hidden else out.logits
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=getattr(model, "config", None))
-    model(input_ids=input_ids[:1, : batch.shared], position_ids=positions[:1, : batch.shared], past_key_values=cache, use_cache=True)
+    cache = DynamicCache(config=getattr(base, "config", None))
+    net(input_ids=input_ids[:1, : batch.shared], position_ids=positions[:1, : batch.shared], past_key_values=cache,
+        use_cache=True, **({} if hidden else {"logits_to_keep": 1}))
     cache.batch_repeat_interleave(input_ids.shape[0])
-    return model(
+    out = net(
         input_ids=input_ids[:, batch.shared :],
         attention_mask=attention,
         position_ids=positions[:, batch.shared :],
         past_key_values=cache,
-        logits_to_keep=batch.keep,
         use_cache=True,
-    ).logits
+        **keep,
+    )
+    return out.last_hidden_state[:, -batch.keep:] if hidden else out.logits

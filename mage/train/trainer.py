@@ -38,7 +38,8 @@ import torch
 from mage.algo.losses import entropy_from_logits, ppo_loss, token_logprobs
 from mage.models.policy import Policy
 from mage.sections import AlgoConfig, TrainConfig
-from mage.train.batching import MicroBatch, causal_lm_forward, micro_batches
+from mage.train.batching import MicroBatch, causal_lm_forward, micro_batches, output_layer
+from mage.train.logprobs import response_logprobs
 
 
 def _peak_memory_mib(device: torch.device) -> float:
@@ -61,6 +62,7 @@ class PolicyTrainer:
         self.model = policy.model
         self.device = policy.device
         self.pad_id = policy.tokenizer.pad_token_id
+        self.head = output_layer(self.model)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         # Full fine-tuning's reference is the starting weights: a copy in host memory, put into
         # the model for the reference pass (once an update), never a second model on the device.
@@ -120,12 +122,19 @@ class PolicyTrainer:
 
     def forward(self, batch: MicroBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs [B, K] of the right-aligned response tokens (and their entropies), at the
-        trainer's temperature."""
-        with self.policy.autocast():  # model.dtype's compute, float32 master weights (mage.models.policy.Policy)
+        trainer's temperature; with ``train.logits_chunk_tokens``, through the output layer in
+        chunks of response positions (:mod:`mage.train.logprobs`), 0 at padding."""
+        targets = batch.targets.to(self.device)
+        chunk = self.train_cfg.logits_chunk_tokens
+        if chunk is not None:
+            with self.policy.autocast():  # model.dtype's compute, float32 master weights (mage.models.policy.Policy)
+                hidden = causal_lm_forward(self.model, batch, self.device, hidden=True)[:, :-1]
+            return response_logprobs(hidden, self.head, targets, batch.response_mask.to(self.device),
+                                     self.temperature, chunk, entropy, self.policy.compute_dtype)
+        with self.policy.autocast():
             logits = causal_lm_forward(self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
         if self.temperature != 1.0:
             logits = logits.float() / self.temperature  # in float32, as the samplers apply it
-        targets = batch.targets.to(self.device)
         return token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
 
     @torch.no_grad()
