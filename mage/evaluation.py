@@ -34,7 +34,7 @@ from mage.rollout.metrics import final_episode_metrics, rollout_metrics
 from mage.sections import SPLITS, EvalConfig, PopulationEntry, RolloutConfig
 from mage.settings import Settings
 from mage.tensors import derive_seed
-from mage.train.checkpoint import Checkpoint, content_hash
+from mage.train.checkpoint import Checkpoint, content_hash, held
 
 
 def opponents_for(settings: Settings, split: str) -> list[PopulationEntry]:
@@ -113,8 +113,10 @@ def write_evaluation(settings: Settings, checkpoint: Checkpoint | None, split: s
                      progress: bool = True) -> dict[str, Any]:
     """Play ``checkpoint`` (None: the starting policy) against the ``split`` opponents; write
     ``{split}.parquet`` and ``{split}-metrics.json`` (the policy record, per-episode and final
-    metrics) into ``out_dir``. Returns their paths and the final-episode rows."""
-    table = evaluate_checkpoint(settings, checkpoint, (split,), progress=progress)[split]
+    metrics) into ``out_dir``. Returns their paths and the final-episode rows. The checkpoint
+    is held while it plays: a run that is still training does not prune it."""
+    with held(checkpoint.path if checkpoint is not None else None):
+        table = evaluate_checkpoint(settings, checkpoint, (split,), progress=progress)[split]
     directory = Path(out_dir)
     table_path = write_trajectories(table, directory / f"{split}.parquet")
     final = final_episode_metrics(table).to_dicts()

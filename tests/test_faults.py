@@ -77,7 +77,8 @@ def test_a_damaged_checkpoint_is_skipped_by_resume_and_named_when_loaded(tiny_mo
     assert any(str(second.path) in r.message and "do not match its manifest" in r.message for r in caplog.records)
     # loading it anyway (an explicit path) is one line naming the file
     state = start_training(settings)
-    with pytest.raises(io.CorruptFileError, match=rf"^{second.path}/model.safetensors: not a readable safetensors"):
+    with pytest.raises(io.CorruptFileError, match=rf"^{second.path}/model.safetensors: does not match the "
+                                                  r"checkpoint's manifest"):
         ckpt.load_weights(state.policy, second)
     # evaluating it, by name or as the run's final checkpoint, is the same one line (no stand-in)
     from flows.evaluate import checkpoint_ref

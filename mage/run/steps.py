@@ -92,7 +92,8 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
 def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
     """Checkpoint the current weights, optimizer and RNG state (the rollouts go on with it),
     then keep the newest ``train.keep_checkpoints`` of those up to it (a longer run's later
-    ones, left by a run shortened since, are not counted or touched)."""
+    ones, left by a run shortened since, are not counted or touched), and the one
+    ``final.json`` names, and any an evaluation holds."""
     settings = state.settings
     layout = RunLayout.of(settings)
     saved = ckpt.save_checkpoint(
@@ -100,7 +101,9 @@ def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
         config_hash=identity_hash(settings),
         parent=str(state.checkpoint.path) if state.checkpoint else None, metrics=metrics,
     )
-    ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=state.iteration)
+    final = layout.final_checkpoint() if layout.final.is_file() else None  # a longer run's earlier end
+    ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=state.iteration,
+                           protect=[final] if final is not None else [])
     state.checkpointed(saved)
     return saved
 

@@ -8,21 +8,32 @@ A checkpoint is a directory ``ckpt-00007/`` holding
 * ``trainer_state.safetensors``: the AdamW moments and step counts, and the torch RNG
   state(s), as tensors (nothing is pickled);
 * ``manifest.json``: iteration, config hash, parent checkpoint, metrics, the optimizer's
-  hyper-parameters, the Python RNG state and the SHA-256 of every file.
+  hyper-parameters, the Python RNG state and the SHA-256 and size of every file.
 
 It is written into a temporary directory beside the final one and renamed into place, so
-a directory named ``ckpt-*`` is always complete; :func:`latest_checkpoint` returns the
-newest one whose files match their manifest.
+a directory named ``ckpt-*`` is always complete. Its files are hashed once, as they are
+written; after that the manifest is trusted. Listing and resuming check that every file is
+there at its size (:func:`latest_checkpoint` returns the newest such one); a file is hashed
+again only when it is loaded (:func:`load_weights`, :func:`load_trainer_state`,
+:func:`require_complete`): at a Qwen3-4B scale a checkpoint is gigabytes, and hashing every
+kept one at every listing would cost minutes.
+
+A checkpoint that an evaluation is playing is held (:func:`held`): pruning leaves it, and
+the run's final checkpoint, whatever ``train.keep_checkpoints`` says.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
+import socket
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +47,8 @@ from mage import __version__, io
 PREFIX = "ckpt-"
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.safetensors"
+#: Beside the checkpoints: one empty file per evaluation holding one (``ckpt-00007.<host>.<pid>``).
+HOLDS = ".holds"
 #: What to do about a damaged checkpoint: the run resumes from the one before it.
 DAMAGED = "delete this checkpoint directory and re-run: training resumes from the checkpoint before it"
 
@@ -118,6 +131,7 @@ def save_checkpoint(
             "mage_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": {p.name: io.file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+            "sizes": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
         })
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -130,22 +144,33 @@ def _json_rng(state: tuple) -> list:
     return [version, list(internal), gauss]
 
 
-def damaged_files(path: Path) -> list[str]:
-    """The files of checkpoint ``path`` that are missing or do not match its manifest (the
-    manifest itself, when it is missing or unreadable); empty for a complete checkpoint."""
+def damaged_files(path: Path, hashed: Iterable[str] = ()) -> list[str]:
+    """The files of checkpoint ``path`` that are missing, not at their manifest's size, or
+    (for the names in ``hashed``) not at its SHA-256; the manifest itself, when it is missing
+    or unreadable. Empty for a complete checkpoint. A manifest from before sizes were
+    recorded has every file hashed."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         return [MANIFEST]
     try:
-        files = io.read_json(manifest_path, DAMAGED)["files"]
-        return [name for name, digest in files.items() if not (path / name).is_file() or io.file_sha256(path / name) != digest]
+        manifest = io.read_json(manifest_path, DAMAGED)
+        files, sizes = manifest["files"], manifest.get("sizes")
+        hashed = set(files) if sizes is None else set(hashed)
+        bad = []
+        for name, digest in files.items():
+            file = path / name
+            if not file.is_file() or (sizes is not None and file.stat().st_size != sizes.get(name)) \
+                    or (name in hashed and io.file_sha256(file) != digest):
+                bad.append(name)
+        return bad
     except (io.CorruptFileError, KeyError, TypeError, AttributeError) as error:
         return [f"{MANIFEST} ({error})"]
 
 
 def is_complete(path: Path) -> bool:
-    """Whether ``path`` holds a checkpoint whose files all match its manifest (a damaged
-    one is skipped with a WARNING naming it: a resumed run starts from the one before)."""
+    """Whether ``path`` holds a checkpoint whose files are all there at their manifest's
+    sizes (a damaged one is skipped with a WARNING naming it: a resumed run starts from the
+    one before)."""
     if not (path / MANIFEST).is_file():
         return False  # being written, or not a checkpoint
     bad = damaged_files(path)
@@ -154,15 +179,66 @@ def is_complete(path: Path) -> bool:
     return not bad
 
 
-def require_complete(path: str | Path) -> Path:
-    """``path`` if it is a complete checkpoint; otherwise a :class:`mage.io.CorruptFileError`
-    naming the first damaged file (a checkpoint asked for by name has no stand-in)."""
-    path = Path(path)
-    bad = damaged_files(path)
+def _require(path: Path, hashed: Iterable[str]) -> None:
+    bad = damaged_files(path, hashed)
     if bad:
         problem = "missing" if bad[0] == MANIFEST else "does not match the checkpoint's manifest"
         raise io.CorruptFileError(path / bad[0].split(" ")[0], problem, DAMAGED)
+
+
+def weight_files(path: Path) -> list[str]:
+    """The files of checkpoint ``path`` that a policy loads: all but the trainer's state."""
+    return [name for name in io.read_json(path / MANIFEST, DAMAGED)["files"] if name != STATE_FILE]
+
+
+def require_complete(path: str | Path) -> Path:
+    """``path`` if it is a complete checkpoint whose weights match their hashes (what serving
+    or evaluating it loads); otherwise a :class:`mage.io.CorruptFileError` naming the first
+    damaged file (a checkpoint asked for by name has no stand-in)."""
+    path = Path(path)
+    _require(path, weight_files(path) if (path / MANIFEST).is_file() else ())
     return path
+
+
+@contextlib.contextmanager
+def held(checkpoint: Path | None) -> Iterator[None]:
+    """Hold ``checkpoint`` while the block runs: :func:`prune_checkpoints` leaves it (an
+    evaluation of a run that is still training keeps the checkpoint it plays)."""
+    if checkpoint is None:
+        yield
+        return
+    hold = Path(checkpoint).parent / HOLDS / f"{Path(checkpoint).name}.{socket.gethostname()}.{os.getpid()}"
+    hold.parent.mkdir(parents=True, exist_ok=True)
+    hold.touch()
+    try:
+        yield
+    finally:
+        hold.unlink(missing_ok=True)
+
+
+def _held_names(root: Path) -> set[str]:
+    """The checkpoints under ``root`` that a live process holds (a hold of a process of this
+    host that has died is removed; another host's is trusted)."""
+    names = set()
+    here = socket.gethostname()
+    for hold in (root / HOLDS).glob(f"{PREFIX}*") if (root / HOLDS).is_dir() else ():
+        name, _, rest = hold.name.partition(".")
+        host, _, pid = rest.rpartition(".")
+        if host == here and pid.isdigit() and not _alive(int(pid)):
+            hold.unlink(missing_ok=True)
+            continue
+        names.add(name)
+    return names
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def list_checkpoints(root: str | Path) -> list[Checkpoint]:
@@ -182,13 +258,18 @@ def latest_checkpoint(root: str | Path, at_most: int | None = None) -> Checkpoin
     return checkpoints[-1] if checkpoints else None
 
 
-def prune_checkpoints(root: str | Path, keep: int | None, up_to: int | None = None) -> None:
+def prune_checkpoints(root: str | Path, keep: int | None, up_to: int | None = None,
+                      protect: Iterable[Path] = ()) -> None:
     """Keep the newest ``keep`` complete checkpoints (None: all) of those of iteration ``up_to``
-    or before; later ones are left as they are."""
+    or before; later ones are left as they are, and so are those in ``protect`` (the run's
+    final checkpoint) and those an evaluation holds (:func:`held`)."""
     if keep is None:
         return
+    root = Path(root)
+    spared = _held_names(root) | {Path(p).name for p in protect}
     for checkpoint in [c for c in list_checkpoints(root) if up_to is None or c.iteration <= up_to][:-keep]:
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
+        if checkpoint.path.name not in spared:
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -203,6 +284,7 @@ def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
     """Load a checkpoint's trained weights into ``policy`` (same kind and architecture)."""
     if checkpoint.kind != ("lora" if policy.is_lora else "full"):
         raise ValueError(f"{checkpoint.path} is a {checkpoint.kind} checkpoint, the policy is not")
+    require_complete(checkpoint.path)  # hashes what is loaded, once per file version (mage.io.file_sha256)
     if policy.is_lora:
         from peft import set_peft_model_state_dict
 
@@ -220,6 +302,7 @@ def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
 
 def load_trainer_state(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer) -> None:
     """Restore the optimizer and the RNG states saved with ``checkpoint``."""
+    _require(checkpoint.path, [STATE_FILE])
     tensors = _tensors(checkpoint.path / STATE_FILE)
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
