@@ -8,13 +8,17 @@ from collections.abc import Iterator, Sequence
 from prefect import get_run_logger
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
+from mage.memory import check_fits
 from mage.sections import FlowConfig
 from mage.settings import Settings, load_settings
 
 
 def settings_for(overrides: Sequence[str] | None, config_file: str | None) -> Settings:
-    """Compose and validate before any work: a wrong key fails the flow run at once."""
-    return load_settings(list(overrides or []), config_file)
+    """Compose and validate before any work: a wrong key, or a configuration whose memory plan
+    cannot fit its GPU (:func:`mage.memory.check_fits`), fails the flow run at once."""
+    settings = load_settings(list(overrides or []), config_file)
+    check_fits(settings)
+    return settings
 
 
 def local_timezone() -> str:

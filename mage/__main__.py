@@ -1,13 +1,18 @@
-"""The library's command line (no Prefect): the composed config and the population manifest.
+"""The library's command line (no Prefect): the composed config, the memory plan and the
+population manifest.
 
     python -m mage config [--output FILE] [hydra overrides ...]
+    python -m mage plan [--gpu-gib 80] [hydra overrides ...]
     python -m mage population [hydra overrides ...]
 
 ``config`` prints or writes the composed config, validated exactly as the flows validate it
 (a bad value is a one-line ``config error:`` and exit status 2, and nothing is written);
 ``python -m mage config --output params.yaml`` regenerates the committed ``params.yaml``
 (``dvc exp run`` composes it the same way, with its ``-S`` overrides). ``population`` seeds
-and writes the population manifest with its ceilings. The lifecycle's own commands are the
+and writes the population manifest with its ceilings. ``plan`` prints the memory the
+configuration plans for on its GPU, part by part (:mod:`mage.memory`), on this machine's GPU or
+on one of ``--gpu-gib`` GiB, and exits with status 2, naming the key to change, where it
+cannot fit, as a flow would refuse it. The lifecycle's own commands are the
 flows': ``python -m flows --help``.
 """
 
@@ -30,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = commands.add_parser("config", help="print or write the composed, validated config")
     config.add_argument("--output", help="write here (atomically) instead of printing")
     config.add_argument("overrides", nargs="*")
+    plan = commands.add_parser("plan", help="print the memory plan on the GPU; status 2 where it cannot fit")
+    plan.add_argument("--gpu-gib", type=float, help="plan for a GPU of this many GiB (default: this machine's)")
+    plan.add_argument("overrides", nargs="*")
     population = commands.add_parser("population", help="seed and write the population manifest")
     population.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -45,10 +53,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(text, end="")
         return 0
+    if args.command == "plan":
+        return _plan(settings, args.gpu_gib)
     from mage.population import seed_population, write_manifest
 
     path = write_manifest(seed_population(settings), settings.paths.population_manifest)
     print(f"population manifest: {path}")
+    return 0
+
+
+def _plan(settings, gpu_gib: float | None) -> int:
+    from mage.memory import GIB, MemoryPlanError, check_fits, device_capacity, plan
+
+    device, capacity = ("the planned GPU", int(gpu_gib * GIB)) if gpu_gib else device_capacity(settings)
+    try:
+        memory = plan(settings, capacity, device)
+        print(memory.table())
+        if capacity is None:
+            print("no GPU here: nothing to check against (--gpu-gib N plans for one)")
+            return 0
+        check_fits(settings, capacity, device)
+    except MemoryPlanError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    print(f"fits: {memory.peak / GIB:.1f} of {capacity / GIB:.1f} GiB at the peak")
     return 0
 
 

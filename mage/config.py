@@ -59,12 +59,13 @@ def _sources(directory: Path, config_name: str, choices: dict) -> dict[str, str]
         if "/" in group or group.startswith("hydra") or choice is None:
             continue
         sources[group] = shown(directory / group / f"{choice}.yaml")
-    refinement = directory / "model_game" / f"{choices.get('model_game')}.yaml"
-    if choices.get("model_game") and refinement.is_file():  # it refines model (and train, eval, engine) per game
-        extra = shown(refinement)
-        for group in ("model", "train", "eval", "engine"):
-            if group in sources:
-                sources[group] += f" or {extra}"
+    for refining in ("model_setup", "model_game"):  # they refine model, train, eval and engine
+        refinement = directory / refining / f"{choices.get(refining)}.yaml"
+        if choices.get(refining) and refinement.is_file():
+            extra = shown(refinement)
+            for group in ("model", "train", "eval", "engine"):
+                if group in sources:
+                    sources[group] += f" or {extra}"
     return sources
 
 

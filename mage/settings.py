@@ -152,7 +152,7 @@ class Settings:
         def source(section: str) -> str | None:
             return sources if isinstance(sources, str) or sources is None else sources.get(section)
 
-        unknown = sorted(set(raw) - set(SECTIONS) - {"model_game", "experiment"})
+        unknown = sorted(set(raw) - set(SECTIONS) - {"model_setup", "model_game", "experiment"})
         if unknown:
             raise SettingsError(f"config: unknown section(s) {unknown}; allowed sections: {list(SECTIONS)}")
         for name in SECTIONS:

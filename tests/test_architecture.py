@@ -26,7 +26,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("opponents and backends, the population, the validated settings",
      ("mage.opponents", "mage.backends", "mage.ceilings", "mage.population", "mage.settings")),
     ("rollout", ("mage.rollout",)),
-    ("train: loading a policy, the trainer, checkpoints", ("mage.models", "mage.train")),
+    ("train: loading a policy, the trainer, checkpoints, the memory plan", ("mage.models", "mage.train", "mage.memory")),
     ("evaluation and report", ("mage.evaluation", "mage.report", "mage.report_markdown", "mage.plots")),
     ("building the tiny preset", ("mage.build",)),
     ("the run and the library's command line", ("mage.run", "mage.__main__")),
