@@ -32,7 +32,7 @@ prefix-cached) until it stops outside one.
 Memory on a GPU: the trainer and the engine share the card. ``gpu_memory_utilization`` is
 the engine's share (weights plus KV cache); with ``sleep_mode`` the engine also sleeps
 while the trainer updates (level 1 with LoRA: its weights wait in CPU memory; level 2 with
-full fine-tuning: the next batch loads the weights of its policy, the new checkpoint). README: "GPU memory".
+full fine-tuning: the next batch loads the weights of its policy, the new checkpoint). README: "The memory plan".
 """
 
 from __future__ import annotations
