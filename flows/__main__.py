@@ -82,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--checkpoint, --start, --split, --out-dir, --evaluation-dir, --start-dir and --no-report "
                      "belong to evaluate or report")
     from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError
+    from flows.common import TRAINING_FLOWS
     from mage.memory import check_fits
     from mage.settings import SettingsError, load_settings
 
     try:  # a wrong key, or a plan that cannot fit the GPU, fails here, before a Prefect server or any work
         settings = load_settings(args.overrides, args.config_file)
-        check_fits(settings)
+        if args.flow in TRAINING_FLOWS:
+            check_fits(settings)
     except SettingsError as error:
         if args.debug:
             raise

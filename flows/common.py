@@ -13,11 +13,17 @@ from mage.sections import FlowConfig
 from mage.settings import Settings, load_settings
 
 
-def settings_for(overrides: Sequence[str] | None, config_file: str | None) -> Settings:
-    """Compose and validate before any work: a wrong key, or a configuration whose memory plan
-    cannot fit its GPU (:func:`mage.memory.check_fits`), fails the flow run at once."""
+#: The flows that train: they check the memory plan of an update beside its engine.
+TRAINING_FLOWS = ("train", "pipeline")
+
+
+def settings_for(overrides: Sequence[str] | None, config_file: str | None, trains: bool = False) -> Settings:
+    """Compose and validate before any work: a wrong key fails the flow run at once, and so
+    does, for a flow that ``trains``, a configuration whose memory plan cannot fit its GPU
+    (:func:`mage.memory.check_fits`)."""
     settings = load_settings(list(overrides or []), config_file)
-    check_fits(settings)
+    if trains:
+        check_fits(settings)
     return settings
 
 

@@ -24,7 +24,7 @@ from flows.train import train
 def pipeline(overrides: list[str] | None = None, config_file: str | None = None) -> dict[str, Any]:
     """Seed the population, prepare the model, train, evaluate the final checkpoint and the
     starting policy, and report the one beside the other."""
-    settings = settings_for(overrides, config_file)  # fail on a bad override before any work
+    settings = settings_for(overrides, config_file, trains=True)  # fail on a bad override before any work
     seed_population(overrides, config_file)
     prepare_model(overrides, config_file)
     trained = train(overrides, config_file)

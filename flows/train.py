@@ -22,7 +22,7 @@ from tasks.training import FlowSteps
 def train(overrides: list[str] | None = None, config_file: str | None = None) -> dict[str, Any]:
     """Train ``run.name`` for ``train.iterations`` iterations; returns the last checkpoint, the
     last iteration's metrics and the evaluations made on the way."""
-    settings = settings_for(overrides, config_file)
+    settings = settings_for(overrides, config_file, trains=True)
     flow_cfg = settings.flow
     log = logger()
     log.info(f"run {settings.run_name}: {settings.train.iterations} iterations, {settings.engine.groups} groups x "

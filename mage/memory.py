@@ -15,11 +15,13 @@ settings, at the peak of one update:
   rotary inputs, attention output, the MLP's four intermediate tensors), for every layer, or,
   with ``train.gradient_checkpointing``, each layer's input plus one layer's worth;
 * the logits: two float32 [chunk x vocabulary] buffers with ``train.logits_chunk_tokens``
-  (:mod:`mage.train.logprobs`), else about six float32 copies per response token of the
-  micro-batch (``benchmarks/train_memory.py`` measures both);
+  (:mod:`mage.train.logprobs`), and, where the output layer is trained, its ``model.dtype``
+  copy and its float32 gradient for one chunk; else about six float32 copies per response
+  token of the micro-batch (``benchmarks/train_memory.py`` measures both);
 * the rollout engine: vLLM's share of the GPU (``engine.vllm.gpu_memory_utilization``;
   with ``sleep_mode`` it is released during the update), or the hf backend's KV cache for a
-  batch of ``engine.hf.batch_size`` sequences at the prompt and reply limits;
+  batch of ``engine.hf.batch_size`` sequences at the prompt and reply limits (an upper bound:
+  every row at both limits); on a Ray runner the engines are the workers', not counted here;
 * a fixed allowance for the CUDA context and workspaces.
 
 This module imports no torch: :func:`device_capacity` does, when it is asked.
@@ -28,6 +30,7 @@ This module imports no torch: :func:`device_capacity` does, when it is asked.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,7 +164,8 @@ class MemoryPlan:
                       f"{gib(self.total('rollout'))} GiB",
                   f"one checkpoint on disk: {gib(self.checkpoint_bytes)} GiB (trained weights and optimizer state)"]
         if self.host_bytes:
-            lines.append(f"host memory for the KL reference: {gib(self.host_bytes)} GiB")
+            lines.append(f"host memory for the KL reference (the starting weights, and the current ones during "
+                         f"its pass): {gib(self.host_bytes)} GiB")
         lines += list(self.notes)
         return "\n".join(lines)
 
@@ -198,10 +202,15 @@ def plan(settings: Settings, capacity: int | None = None, device: str = "cuda") 
     if chunk is not None:
         parts.append(Part(f"logits, chunks of {chunk} tokens", 2 * min(chunk, tokens) * shape.vocab * 4,
                           "train.logits_chunk_tokens", "update"))
+        if not lora:  # a trained output layer: its model.dtype copy per chunk, and its gradient's
+            head = shape.vocab * shape.hidden * ((dt if dt != 4 else 0) + 4)
+            parts.append(Part("output layer's copy and gradient, per chunk", head, "model.lora", "update"))
     else:
         parts.append(Part(f"logits of {tokens} tokens, unchunked", WHOLE_LOGITS_COPIES * tokens * shape.vocab * 4,
                           "train.logits_chunk_tokens", "update"))
-    if engine.backend == "vllm":
+    if settings.flow.runner == "ray":
+        notes.append("flow.runner=ray: the rollouts' engines run on the cluster's workers, not beside the trainer")
+    elif engine.backend == "vllm":
         vllm = engine.vllm
         if vllm.kv_cache_memory_bytes is not None:
             share = shape.parameters() * dt + vllm.kv_cache_memory_bytes
@@ -220,7 +229,8 @@ def plan(settings: Settings, capacity: int | None = None, device: str = "cuda") 
         parts.append(Part(f"hf KV cache, {engine.hf.batch_size} x {length} tokens", kv, "engine.hf.batch_size", "rollout"))
     parts.append(Part("CUDA context and workspaces (allowance)", ALLOWANCE, "-", "always"))
     checkpoint = trained * 4 + trained * 8
-    host = total * 4 if (not lora and settings.algo.kl_coef) else 0
+    # the starting weights, and the current ones while the reference pass runs
+    host = 2 * total * 4 if (not lora and settings.algo.kl_coef) else 0
     return MemoryPlan(tuple(parts), capacity, device, checkpoint, host, tuple(notes))
 
 
@@ -239,11 +249,17 @@ def device_capacity(settings: Settings) -> tuple[str, int | None]:
 
 def check_fits(settings: Settings, capacity: int | None = None, device: str | None = None) -> MemoryPlan | None:
     """Refuse ``settings`` if its plan cannot fit the device (default: ``model.device``'s), with
-    the key to change; the plan, or None on a CPU (host memory is not planned)."""
+    the key to change; the plan, or None on a CPU (host memory is not planned) or for a model
+    whose shape is not known before it is fetched (a WARNING says so)."""
     if capacity is None:
         device, capacity = device_capacity(settings)
         if capacity is None:
             return None
+    try:
+        model_shape(settings)
+    except MemoryPlanError as error:  # a hub model not fetched yet: the pipeline fetches it first
+        logging.getLogger(__name__).warning(f"no memory plan: {error}")
+        return None
     memory = plan(settings, capacity, device or "cuda")
     part = memory.overflow()
     if part is not None:

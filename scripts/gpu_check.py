@@ -123,7 +123,7 @@ def bf16_full_fine_tuning(args) -> dict:
     from mage.settings import load_settings
     from mage.train.trainer import PolicyTrainer
 
-    defaults = load_settings()
+    defaults = load_settings(["model=qwen2_5_0_5b", "model.lora=null"])  # its trainer: chunked logits
     shape = shape_of("Qwen/Qwen2.5-0.5B-Instruct", args.dry_run)
     generator = torch.Generator().manual_seed(0)
     rows = [{"prompt_token_ids": torch.randint(1, shape["vocab_size"], (64,), generator=generator).tolist(),
@@ -131,7 +131,7 @@ def bf16_full_fine_tuning(args) -> dict:
              "advantage": 1.0 if r % 2 else -1.0} for r in range(8)]
     table = pl.DataFrame(rows, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
                                        "advantage": pl.Float64})
-    cfg = dataclasses.replace(defaults.train, learning_rate=1e-6, mini_batch_size=8)
+    cfg = dataclasses.replace(defaults.train, learning_rate=1e-6, mini_batch_size=8, gradient_checkpointing=False)
 
     def updated(dtype: str) -> list:
         model = random_causal_lm(shape, torch.float32, args.device)  # float32 master weights
@@ -146,7 +146,7 @@ def bf16_full_fine_tuning(args) -> dict:
     total = sum(before.numel() for before, _ in low)
     step = torch.cat([(a - b).flatten() for b, a in low])
     step32 = torch.cat([(a - b).flatten() for b, a in reference])
-    return {"dtype": "bfloat16", "parameters": total, "moved_share": moved / total,
+    return {"logits_chunk_tokens": cfg.logits_chunk_tokens, "parameters": total, "moved_share": moved / total,
             "step_relative_distance": float((step - step32).norm() / step32.norm()),
             "step_cosine": float(torch.nn.functional.cosine_similarity(step, step32, dim=0))}
 

@@ -5,7 +5,9 @@ object itself, so Prefect persists a few hundred bytes of JSON, never a pickled 
 model. A reference is checked before use: if the file was deleted or changed since the
 task wrote it (a ``dvc checkout``, a cleaned artifacts folder), :meth:`FileRef.resolve`
 raises :class:`StaleReferenceError` and the cache policy (``tasks.caching``) stops reusing
-the result that holds it.
+the result that holds it. A checkpoint's hash is its manifest's (hashed once, when it was
+written), and checking it reads the manifest and the files' sizes: a change that keeps a
+file's size is found when the file is loaded (:mod:`mage.train.checkpoint`).
 """
 
 from __future__ import annotations

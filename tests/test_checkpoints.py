@@ -79,15 +79,16 @@ def test_pruning_spares_the_final_checkpoint_and_held_ones(tiny_model_dir, tmp_p
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     import socket
 
-    stale = tmp_path / ckpt.HOLDS / f"{path[3].name}.{socket.gethostname()}.{int(gone.stdout)}"
+    stale = tmp_path / ckpt.HOLDS / f"{path[3].name}.{socket.gethostname()}.{int(gone.stdout)}.0a1b2c3d"
     stale.parent.mkdir()
     stale.touch()  # a hold of a process that has ended holds nothing
-    elsewhere = tmp_path / ckpt.HOLDS / f"{path[4].name}.another-host.1"
+    elsewhere = tmp_path / ckpt.HOLDS / f"{path[4].name}.another.host.example.1.0a1b2c3d"
     elsewhere.touch()  # another machine's hold is trusted
-    with ckpt.held(path[2]):
+    with ckpt.held(path[2]), ckpt.held(path[2]):  # two holders in one process, one file each
+        assert len(list((tmp_path / ckpt.HOLDS).glob(f"{path[2].name}.*"))) == 2
         ckpt.prune_checkpoints(tmp_path, keep=2, up_to=6, protect=[path[1]])
         assert [c.iteration for c in ckpt.list_checkpoints(tmp_path)] == [1, 2, 4, 5, 6]
-    assert not stale.exists() and not (tmp_path / ckpt.HOLDS / f"{path[2].name}.{socket.gethostname()}.{os.getpid()}").exists()
+    assert [p.name for p in (tmp_path / ckpt.HOLDS).iterdir()] == [elsewhere.name]  # the stale and our own are gone
     ckpt.prune_checkpoints(tmp_path, keep=2, up_to=6, protect=[path[1]])
     assert [c.iteration for c in ckpt.list_checkpoints(tmp_path)] == [1, 4, 5, 6]
 
@@ -122,4 +123,4 @@ def test_an_evaluation_holds_the_checkpoint_it_plays(tiny_model_dir, tmp_path, m
     with pytest.raises(RuntimeError, match="stopped while playing"):
         evaluation.write_evaluation(None, checkpoint, "train", tmp_path / "out")
     assert len(seen) == 1 and seen[0].startswith(f"{checkpoint.path.name}.")
-    assert checkpoint.path.is_dir() and not list(holds.iterdir())  # kept while held; the hold is gone after
+    assert checkpoint.path.is_dir() and not holds.exists()  # kept while held; no hold, nor its folder, after

@@ -48,9 +48,13 @@ def test_the_plan_of_the_paper_setting_by_hand():
     engine = {p.name: p for p in memory.parts if p.name.startswith("vLLM")}
     assert engine["vLLM engine, awake"].bytes == int(0.55 * 80 * GIB) and engine["vLLM engine, awake"].during == "rollout"
     assert engine["vLLM engine, asleep"].during == "update"
-    # a layer's input per token (bf16) in each of 36 layers, plus one layer's activations
-    per_layer = 2 * 2560 * 6 + 2 * (3 * 4096 + 3 * 1024) + 4 * 9728 * 2
-    assert parts["activations"] == 32768 * (2560 * 2 * 36 + per_layer)
+    # activations: linear in the tokens; checkpointed, a layer's input per token (bf16) in each
+    # of 36 layers plus one layer's worth, against all 36 layers' worth
+    half = plan(defaults("+experiment=paper", "train.micro_batch_tokens=16384"), 80 * GIB)
+    assert parts["activations"] == 2 * next(p.bytes for p in half.parts if p.name.startswith("activations"))
+    plain = plan(defaults("+experiment=paper", "train.gradient_checkpointing=false"), 80 * GIB)
+    every = next(p.bytes for p in plain.parts if p.name.startswith("activations"))
+    assert parts["activations"] - 32768 * 2560 * 2 * 36 == every / 36
     assert memory.checkpoint_bytes == 132_120_576 * 12 and memory.host_bytes == 0
     assert memory.overflow() is None and check_fits(settings, 80 * GIB) is not None
 
@@ -76,9 +80,12 @@ def test_a_flow_refuses_before_any_work(tmp_path, monkeypatch, capsys):
     code = flows_main(["train", "model=qwen3_4b", "train.gradient_checkpointing=false", f"paths.artifacts={artifacts}"])
     assert code == 2 and not artifacts.exists()
     assert capsys.readouterr().err.startswith("config error: train.gradient_checkpointing: the plan needs")
-    # the UI's and deployments' path
+    # the UI's and deployments' path: the flows that train refuse it, the others load it
     with pytest.raises(MemoryPlanError, match="^train.gradient_checkpointing"):
-        settings_for(["model=qwen3_4b", "train.gradient_checkpointing=false"], None)
+        settings_for(["model=qwen3_4b", "train.gradient_checkpointing=false"], None, trains=True)
+    assert settings_for(["model=qwen3_4b", "train.gradient_checkpointing=false"], None).model.name == "qwen3_4b"
+    # a hub model whose shape is unknown until it is fetched: a warning, not a refusal
+    assert settings_for(["model=qwen3_4b", "model.path=someone/unknown-model"], None, trains=True)
 
 
 def test_the_plan_command(capsys):

@@ -150,20 +150,23 @@ def test_the_full_fine_tuning_reference_is_the_starting_model_and_no_second_copy
     assert not all(torch.equal(a, b) for a, b in zip(trainer._score(batches, lengths, reference=False), expected))
 
 
-def test_bf16_full_fine_tuning_keeps_every_update_in_float32_master_weights(tiny_model_dir):
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_bf16_full_fine_tuning_keeps_every_update_in_float32_master_weights(tiny_model_dir, chunk):
     """Full fine-tuning in bf16 at the paper's learning rate: one update moves at least 90% of
     the weights, as an update in float32 does, within what bf16 compute changes of the
-    gradient. (A bf16 weight of 0.02 stepped by 1e-6 would not move: its spacing is 1.2e-4.)"""
+    gradient. (A bf16 weight of 0.02 stepped by 1e-6 would not move: its spacing is 1.2e-4.)
+    With chunked logits too: the trained (tied) output layer's bf16 gradient per chunk."""
     lr = 1e-6
     assert torch.tensor(0.02, dtype=torch.bfloat16) + lr == torch.tensor(0.02, dtype=torch.bfloat16)
 
     def update(dtype: str):
         policy = load_policy(tiny_model_dir, dtype=dtype)
         before = [p.detach().clone() for p in policy.model.parameters()]
-        trainer = PolicyTrainer(policy, train_config(learning_rate=lr, mini_batch_size=64),
+        trainer = PolicyTrainer(policy, train_config(learning_rate=lr, mini_batch_size=64, logits_chunk_tokens=chunk),
                                 algo_config(kl_coef=0.0, entropy_coef=0.0))
         computed = []
-        hook = policy.model.get_output_embeddings().register_forward_hook(lambda m, i, o: computed.append(o.dtype))
+        layer = policy.model.model.layers[-1].mlp.down_proj
+        hook = layer.register_forward_hook(lambda m, i, o: computed.append(o.dtype))
         assert trainer.update(fixed_batch(policy), seed=0)["optimizer_steps"] == 1
         hook.remove()
         optimizer = {v.dtype for state in trainer.optimizer.state.values() for v in state.values() if v.numel() > 1}

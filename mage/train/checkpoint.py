@@ -33,6 +33,7 @@ import random
 import shutil
 import socket
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from mage import __version__, io
 PREFIX = "ckpt-"
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.safetensors"
-#: Beside the checkpoints: one empty file per evaluation holding one (``ckpt-00007.<host>.<pid>``).
+#: Beside the checkpoints: one empty file per evaluation holding one (``ckpt-00007.<host>.<pid>.<id>``).
 HOLDS = ".holds"
 #: What to do about a damaged checkpoint: the run resumes from the one before it.
 DAMAGED = "delete this checkpoint directory and re-run: training resumes from the checkpoint before it"
@@ -207,13 +208,17 @@ def held(checkpoint: Path | None) -> Iterator[None]:
     if checkpoint is None:
         yield
         return
-    hold = Path(checkpoint).parent / HOLDS / f"{Path(checkpoint).name}.{socket.gethostname()}.{os.getpid()}"
-    hold.parent.mkdir(parents=True, exist_ok=True)
+    holds = Path(checkpoint).parent / HOLDS
+    holds.mkdir(parents=True, exist_ok=True)
+    # one file per hold: two evaluations of one process each hold the checkpoint
+    hold = holds / f"{Path(checkpoint).name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     hold.touch()
     try:
         yield
     finally:
         hold.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            holds.rmdir()  # the last hold leaves no folder behind
 
 
 def _held_names(root: Path) -> set[str]:
@@ -223,7 +228,7 @@ def _held_names(root: Path) -> set[str]:
     here = socket.gethostname()
     for hold in (root / HOLDS).glob(f"{PREFIX}*") if (root / HOLDS).is_dir() else ():
         name, _, rest = hold.name.partition(".")
-        host, _, pid = rest.rpartition(".")
+        host, _, pid = rest.rsplit(".", 1)[0].rpartition(".")
         if host == here and pid.isdigit() and not _alive(int(pid)):
             hold.unlink(missing_ok=True)
             continue
@@ -266,9 +271,10 @@ def prune_checkpoints(root: str | Path, keep: int | None, up_to: int | None = No
     if keep is None:
         return
     root = Path(root)
-    spared = _held_names(root) | {Path(p).name for p in protect}
+    protected = {Path(p).name for p in protect}
     for checkpoint in [c for c in list_checkpoints(root) if up_to is None or c.iteration <= up_to][:-keep]:
-        if checkpoint.path.name not in spared:
+        # the holds are read again for each: an evaluation may have taken one meanwhile
+        if checkpoint.path.name not in protected | _held_names(root):
             shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 

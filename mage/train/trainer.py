@@ -63,6 +63,9 @@ class PolicyTrainer:
         self.device = policy.device
         self.pad_id = policy.tokenizer.pad_token_id
         self.head = output_layer(self.model)
+        if train.logits_chunk_tokens is not None and type(self.head) is not torch.nn.Linear:
+            raise ValueError(f"train.logits_chunk_tokens: the chunked log-probs need a plain linear output layer, "
+                             f"this model's is a {type(self.head).__name__} (LoRA on lm_head?); set it to null")
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         # Full fine-tuning's reference is the starting weights: a copy in host memory, put into
         # the model for the reference pass (once an update), never a second model on the device.
