@@ -42,7 +42,6 @@ def _rss_mib() -> float:
 def measure(args: argparse.Namespace) -> dict:
     """One process's measurement (the ``--child`` side)."""
     import dataclasses
-    import resource
     from types import SimpleNamespace
 
     import polars as pl
@@ -76,6 +75,17 @@ def measure(args: argparse.Namespace) -> dict:
     table = pl.DataFrame(rows, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
                                        "advantage": pl.Float64})
     cuda = args.device.startswith("cuda")
+    try:
+        return _measured(trainer, table, args, cuda)
+    except torch.OutOfMemoryError:  # the whole-logits path at long replies, on a GPU
+        return {"peak_mib": None, "seconds": None, "tokens_per_second": None}
+
+
+def _measured(trainer, table, args: argparse.Namespace, cuda: bool) -> dict:
+    import resource
+
+    import torch
+
     trainer.update(table, seed=1)  # warm-up: kernels, allocator, the optimizer's state
     if cuda:
         torch.cuda.synchronize()
@@ -117,6 +127,7 @@ def main() -> None:
     parser.add_argument("--speed-length", type=int, default=256, help="the reply length of the tokens/s comparison")
     parser.add_argument("--speed-rows", type=int, default=8, help="rows of the tokens/s comparison (several chunks)")
     parser.add_argument("--repeats", type=int, default=3, help="measured updates per process (the fastest counts)")
+    parser.add_argument("--speed-rounds", type=int, default=2, help="fresh processes per path for the tokens/s")
     parser.add_argument("--shape", default="small", help="'small' or a hub id of mage.models.shapes.SHAPES")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -144,21 +155,25 @@ def main() -> None:
     print("| reply tokens | chunked peak (MiB) | whole-logits peak (MiB) | ratio |")
     print("|---|---|---|---|")
     peak, whole = {}, {}
+    shown = lambda mib: "out of memory" if mib is None else f"{mib:.0f}"  # noqa: E731
     for length in args.lengths:
         peak[length] = child(args, length, args.chunk, args.rows, 1)["peak_mib"]
         whole[length] = child(args, length, 0, args.rows, 1)["peak_mib"]
-        print(f"| {length} | {peak[length]:.0f} | {whole[length]:.0f} | {peak[length] / whole[length]:.3f} |", flush=True)
+        ratio = f"{peak[length] / whole[length]:.3f}" if peak[length] and whole[length] else "-"
+        print(f"| {length} | {shown(peak[length])} | {shown(whole[length])} | {ratio} |", flush=True)
     speed = {"chunked": [], "whole": []}
-    for _ in range(2):  # alternating, each path in two fresh processes; the faster counts
+    for _ in range(args.speed_rounds):  # alternating, each path in fresh processes; the faster counts
         for name, chunk in (("chunked", args.chunk), ("whole", 0)):
             speed[name].append(child(args, args.speed_length, chunk, args.speed_rows, args.repeats)["tokens_per_second"])
-    fast = {name: max(values) for name, values in speed.items()}
-    print(f"\nupdate tokens/s at {args.speed_length}-token replies, {args.speed_rows} rows: chunked "
-          f"{fast['chunked']:.0f}, whole logits {fast['whole']:.0f} (ratio {fast['chunked'] / fast['whole']:.3f})")
-    print(json.dumps({"peak_mib": {str(k): round(v, 1) for k, v in peak.items()},
-                      "unchunked_peak_mib": {str(k): round(v, 1) for k, v in whole.items()},
-                      "tokens_per_second": {str(args.speed_length): round(fast["chunked"], 1)},
-                      "unchunked_tokens_per_second": {str(args.speed_length): round(fast["whole"], 1)}}))
+    fast = {name: max((v for v in values if v is not None), default=None) for name, values in speed.items()}
+    if fast["chunked"] and fast["whole"]:
+        print(f"\nupdate tokens/s at {args.speed_length}-token replies, {args.speed_rows} rows: chunked "
+              f"{fast['chunked']:.0f}, whole logits {fast['whole']:.0f} (ratio {fast['chunked'] / fast['whole']:.3f})")
+    rounded = lambda value: None if value is None else round(value, 1)  # noqa: E731
+    print(json.dumps({"peak_mib": {str(k): rounded(v) for k, v in peak.items()},
+                      "unchunked_peak_mib": {str(k): rounded(v) for k, v in whole.items()},
+                      "tokens_per_second": {str(args.speed_length): rounded(fast["chunked"])},
+                      "unchunked_tokens_per_second": {str(args.speed_length): rounded(fast["whole"])}}))
 
 
 if __name__ == "__main__":

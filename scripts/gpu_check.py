@@ -105,10 +105,10 @@ def memory_sweep(args) -> dict:
     command = [sys.executable, str(ROOT / "benchmarks" / "train_memory.py"), "--device", args.device]
     if args.dry_run:
         command += ["--lengths", "32", "128", "--chunk", "32", "--speed-length", "32", "--speed-rows", "2",
-                    "--repeats", "1"]
+                    "--repeats", "1", "--speed-rounds", "1"]
     else:
         command += ["--shape", "Qwen/Qwen3-4B", "--lora", "64", "--gradient-checkpointing", "--dtype", "bfloat16",
-                    "--rows", "6"]
+                    "--rows", "6", "--repeats", "2", "--speed-rounds", "1"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     return {"table": done.stdout.strip().splitlines()[:-1], **json.loads(done.stdout.strip().splitlines()[-1])}
 
