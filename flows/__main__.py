@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             or args.start_dir:
         parser.error("--checkpoint, --start, --split, --out-dir, --evaluation-dir, --start-dir and --no-report "
                      "belong to evaluate or report")
-    from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError
     from flows.common import TRAINING_FLOWS
+    from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError
     from mage.memory import check_fits
     from mage.settings import SettingsError, load_settings
 

@@ -12,7 +12,6 @@ from mage.memory import check_fits
 from mage.sections import FlowConfig
 from mage.settings import Settings, load_settings
 
-
 #: The flows that train: they check the memory plan of an update beside its engine.
 TRAINING_FLOWS = ("train", "pipeline")
 

@@ -30,3 +30,40 @@ def test_the_gpu_check_dry_run_runs_every_step(tmp_path):
     full = steps["bf16_full_fine_tuning"]
     assert full["logits_chunk_tokens"] == 1024 and full["moved_share"] >= 0.9 and full["step_cosine"] > 0.99
     assert steps["update_speed"]["tokens_per_second"] > 0 and steps["update_speed"]["mfu"] is None
+
+
+@pytest.mark.e2e
+def test_the_gpu_site_packs_wheels_for_the_gpu_machine(tmp_path):
+    """scripts/gpu_site.sh on a short list: a binary wheel for Python 3.12 and the source-only
+    antlr4 runtime, unpacked into one archive the check can put on PYTHONPATH."""
+    import sys
+    import tarfile
+
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("# two of constraints/gpu-check.txt\nannotated-types==0.8.0\nantlr4-python3-runtime==4.9.3\n")
+    archive = tmp_path / "site.tar.xz"
+    env = {**os.environ, "MAGE_GPU_SITE_REQUIREMENTS": str(requirements), "MAGE_GPU_SITE": str(archive),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "scripts/gpu_site.sh"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with tarfile.open(archive) as packed:
+        names = set(packed.getnames())
+    assert {"./annotated_types/__init__.py", "./antlr4/__init__.py"} <= names
+    assert any(name.startswith("./annotated_types-0.8.0.dist-info/") for name in names)
+
+
+def test_the_gpu_check_pins_the_project_s_versions():
+    """constraints/gpu-check.txt pins each package at the version constraints/cpu.txt installs
+    here, so the GPU check runs what CI tests."""
+    import re
+
+    def pins(path: Path) -> dict[str, str]:
+        found = {}
+        for line in path.read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                name, version = line.split("==", 1)
+                found[re.sub(r"[-_.]+", "-", name.strip().lower())] = version.split(";")[0].strip()
+        return found
+
+    gpu, cpu = pins(ROOT / "constraints" / "gpu-check.txt"), pins(ROOT / "constraints" / "cpu.txt")
+    assert len(gpu) == 11 and {name: cpu.get(name) for name in gpu} == gpu
