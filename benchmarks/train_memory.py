@@ -44,11 +44,10 @@ def measure(args: argparse.Namespace) -> dict:
     import dataclasses
     from types import SimpleNamespace
 
-    import polars as pl
     import torch
 
     from mage.models.policy import as_policy
-    from mage.models.shapes import SHAPES, random_causal_lm
+    from mage.models.shapes import SHAPES, random_causal_lm, random_update_table
     from mage.sections import LoraSettings
     from mage.settings import load_settings
     from mage.train.trainer import PolicyTrainer
@@ -56,9 +55,9 @@ def measure(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     shape = SMALL if args.shape == "small" else SHAPES[args.shape]
     lora = None
-    if args.lora:
-        lora = LoraSettings(r=args.lora, alpha=2 * args.lora, dropout=0.0,
-                            target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    if args.lora:  # on the GPU presets' modules (params/model/)
+        targets = load_settings(["model=qwen3_4b"]).model.lora.target_modules
+        lora = LoraSettings(r=args.lora, alpha=2 * args.lora, dropout=0.0, target_modules=targets)
     held = torch.float32 if lora is None else getattr(torch, args.dtype)  # full training: float32 master weights
     model = random_causal_lm(shape, held, args.device)
     policy = as_policy(model, SimpleNamespace(pad_token_id=0), f"random {args.shape}", dtype=args.dtype, lora=lora)
@@ -67,13 +66,7 @@ def measure(args: argparse.Namespace) -> dict:
     cfg = dataclasses.replace(defaults.train, mini_batch_size=args.rows, micro_batch_tokens=tokens,
                               logits_chunk_tokens=args.chunk or None, gradient_checkpointing=args.gradient_checkpointing)
     trainer = PolicyTrainer(policy, cfg, defaults.algo)
-    generator = torch.Generator().manual_seed(0)
-    vocab = shape["vocab_size"]
-    rows = [{"prompt_token_ids": torch.randint(1, vocab, (args.prompt,), generator=generator).tolist(),
-             "response_token_ids": torch.randint(1, vocab, (args.length,), generator=generator).tolist(),
-             "advantage": 1.0 if r % 2 else -1.0} for r in range(args.rows)]
-    table = pl.DataFrame(rows, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
-                                       "advantage": pl.Float64})
+    table = random_update_table(args.rows, args.prompt, args.length, shape["vocab_size"])
     cuda = args.device.startswith("cuda")
     try:
         return _measured(trainer, table, args, cuda)

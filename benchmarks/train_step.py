@@ -27,17 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# Published configurations (config.json on the hub) of the presets in params/model/.
-SHAPES = {
-    "qwen2_5_0_5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864,
-                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         tie_word_embeddings=True, rope_theta=1_000_000.0, max_position_embeddings=32768),
-    "qwen3_4b": dict(model_type="qwen3", hidden_size=2560, intermediate_size=9728,
-                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                     vocab_size=151936, tie_word_embeddings=True, rope_theta=1_000_000.0,
-                     max_position_embeddings=40960),
-}
-
+from mage.models.shapes import PRESETS
 
 def preset_lora(shape: str):
     """The LoRA settings of the model preset ``params/model/<shape>.yaml``."""
@@ -47,18 +37,15 @@ def preset_lora(shape: str):
 
 
 def save_random_model(shape: str, tokenizer_dir: Path, directory: Path, device: str, dtype: str) -> None:
-    """A seeded random model of ``shape`` with the table's tokenizer, saved as a model directory."""
+    """A seeded random model of preset ``shape`` with the table's tokenizer, saved as a model directory."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    spec = dict(SHAPES[shape])
-    model_type = spec.pop("model_type")
+    from mage.models.shapes import PRESETS, SHAPES, random_causal_lm
+
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = AutoConfig.for_model(model_type, **spec, bos_token_id=tokenizer.bos_token_id,
-                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    with torch.device(device):  # initialise where it will run: a 4B model is slow to initialise on a CPU
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model = random_causal_lm(SHAPES[PRESETS[shape]], getattr(torch, dtype), device, bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
@@ -95,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--table", type=Path, required=True, help="a rollout table with advantages (parquet)")
     parser.add_argument("--tokenizer", type=Path, required=True, help="the model directory whose tokenizer made the table")
-    parser.add_argument("--shape", nargs="+", default=["saved"], choices=["saved", *SHAPES],
+    parser.add_argument("--shape", nargs="+", default=["saved"], choices=["saved", *PRESETS],
                         help="'saved': the --tokenizer directory's own model, full fine-tuning")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -115,22 +115,16 @@ def memory_sweep(args) -> dict:
 
 def bf16_full_fine_tuning(args) -> dict:
     """One update of a full model at lr 1e-6, computing in bf16 (on the CPU too) against float32."""
-    import polars as pl
     import torch
 
     from mage.models.policy import as_policy
-    from mage.models.shapes import random_causal_lm
+    from mage.models.shapes import random_causal_lm, random_update_table
     from mage.settings import load_settings
     from mage.train.trainer import PolicyTrainer
 
     defaults = load_settings(["model=qwen2_5_0_5b", "model.lora=null"])  # its trainer: chunked logits
     shape = shape_of("Qwen/Qwen2.5-0.5B-Instruct", args.dry_run)
-    generator = torch.Generator().manual_seed(0)
-    rows = [{"prompt_token_ids": torch.randint(1, shape["vocab_size"], (64,), generator=generator).tolist(),
-             "response_token_ids": torch.randint(1, shape["vocab_size"], (128,), generator=generator).tolist(),
-             "advantage": 1.0 if r % 2 else -1.0} for r in range(8)]
-    table = pl.DataFrame(rows, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
-                                       "advantage": pl.Float64})
+    table = random_update_table(8, 64, 128, shape["vocab_size"])
     cfg = dataclasses.replace(defaults.train, learning_rate=1e-6, mini_batch_size=8, gradient_checkpointing=False)
 
     def updated(dtype: str) -> list:
@@ -152,11 +146,10 @@ def bf16_full_fine_tuning(args) -> dict:
 
 
 def update_speed(args) -> dict:
-    import polars as pl
     import torch
 
     from mage.models.policy import as_policy
-    from mage.models.shapes import random_causal_lm
+    from mage.models.shapes import random_causal_lm, random_update_table
     from mage.sections import LoraSettings
     from mage.settings import load_settings
     from mage.train.trainer import PolicyTrainer
@@ -169,13 +162,7 @@ def update_speed(args) -> dict:
     policy = as_policy(model, SimpleNamespace(pad_token_id=0), "random", dtype=args.dtype, lora=lora)
     rows, reply = (4, 64) if args.dry_run else (32, 1024)
     cfg = dataclasses.replace(defaults.train, mini_batch_size=rows // 2)
-    generator = torch.Generator().manual_seed(0)
-    table = pl.DataFrame([{"prompt_token_ids": torch.randint(1, shape["vocab_size"], (256,), generator=generator).tolist(),
-                           "response_token_ids": torch.randint(1, shape["vocab_size"], (reply,),
-                                                               generator=generator).tolist(),
-                           "advantage": 1.0 if r % 2 else -1.0} for r in range(rows)],
-                         schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
-                                 "advantage": pl.Float64})
+    table = random_update_table(rows, 256, reply, shape["vocab_size"])
     trainer = PolicyTrainer(policy, cfg, defaults.algo)
     trainer.update(table.head(2), seed=1)  # warm-up
     metrics = trainer.update(table, seed=0)

@@ -15,7 +15,6 @@ from flows.common import settings_for
 from mage.memory import GIB, MemoryPlanError, Shape, check_fits, plan
 from mage.models.shapes import PRESETS, SHAPES
 
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @pytest.mark.parametrize("hub_id", sorted(SHAPES))

@@ -24,6 +24,20 @@ SHAPES: dict[str, dict[str, Any]] = {
 PRESETS = {"qwen2_5_0_5b": "Qwen/Qwen2.5-0.5B-Instruct", "qwen3_4b": "Qwen/Qwen3-4B"}
 
 
+def random_update_table(rows: int, prompt_tokens: int, reply_tokens: int, vocab_size: int, seed: int = 0):
+    """A trajectory table the update accepts (``prompt_token_ids``, ``response_token_ids``,
+    ``advantage``): random ids, advantages alternating -1 and +1."""
+    import polars as pl
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    table = [{"prompt_token_ids": torch.randint(1, vocab_size, (prompt_tokens,), generator=generator).tolist(),
+              "response_token_ids": torch.randint(1, vocab_size, (reply_tokens,), generator=generator).tolist(),
+              "advantage": 1.0 if row % 2 else -1.0} for row in range(rows)]
+    return pl.DataFrame(table, schema={"prompt_token_ids": pl.List(pl.Int64), "response_token_ids": pl.List(pl.Int64),
+                                       "advantage": pl.Float64})
+
+
 def random_causal_lm(shape: dict[str, Any], dtype, device: str = "cpu", seed: int = 0, **changes: Any):
     """A seeded random causal LM of ``shape`` (with ``changes``), initialised on ``device``:
     a 4B model is slow to initialise on a CPU and then move."""
