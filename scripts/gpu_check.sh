@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: one command, under 10 minutes on one H100 (scripts/gpu_check.py says what it
+# The GPU check: one command, sized for one 10-minute call on an H100 (scripts/gpu_check.py says what it
 # runs). It writes gpu_check.json (into $OUT when that is set) for BENCHMARKS.md.
 #
 #   scripts/gpu_check.sh              # on a GPU machine with torch, transformers and peft
