@@ -274,6 +274,7 @@ class AlgoConfig:
 
 
 Batching = Literal["bucketed", "padded"]
+Sharding = Literal["fsdp", "ddp"]
 BATCHINGS: tuple[str, ...] = get_args(Batching)
 LrSchedule = Literal["constant", "linear"]
 
@@ -320,6 +321,18 @@ class TrainConfig:
     # to the reference above drift_kl. They change no result.
     drift_invalid_rise: Annotated[float, Field(gt=0, le=1)]
     drift_kl: Annotated[float, Field(gt=0)]
+    # The update's data-parallel workers: 1 runs it in the flow's process on model.device; N > 1
+    # runs N Ray Train workers on the cluster (flow.runner=ray), each on its share of every
+    # mini-batch, placed by flow.placement (mage.placement).
+    workers: Annotated[int, Field(ge=1, le=4096)]
+    # GPUs of each update worker: 0 a CPU worker (gloo), 1 one GPU each (NCCL); a fraction is
+    # not allowed (FSDP and DDP want a whole device per process)
+    worker_gpus: Annotated[int, Field(ge=0, le=1, strict=True)]
+    worker_cpus: Annotated[float, Field(ge=0, le=4096)]  # Ray CPUs of each update worker
+    # How the workers split the model: fsdp shards the trained weights, their gradients and
+    # AdamW's moments over the workers (FSDP2 fully_shard, one layer's weights gathered at a
+    # time); ddp replicates them (sensible for LoRA). The memory plan shows each per GPU.
+    sharding: Sharding
 
     def learning_rate_at(self, iteration: int) -> float:
         """The learning rate of (1-based) ``iteration``.
@@ -452,6 +465,8 @@ class PathsConfig:
 
 
 Runner = Literal["thread", "process", "sequential", "ray"]
+#: Where the update workers and the engines run on a Ray cluster: on separate GPUs, or sharing them
+Placement = Literal["split", "colocated"]
 #: "auto", "host:port" (a cluster this machine belongs to) or "ray://host:port" (Ray Client)
 RAY_ADDRESS = re.compile(r"auto|(ray://)?[A-Za-z0-9][A-Za-z0-9.-]*:[0-9]{1,5}")
 
@@ -478,8 +493,9 @@ class RayConfig:
 @validated_dataclass(frozen=True)
 class FlowConfig:
     """``params/flow``: how the Prefect flows run. The library reads only ``rollout_shards``
-    (the shards set the rollouts' sampling seeds, so a run's results) and, to check it
-    against ``train.checkpoint_every``, ``runner``."""
+    (the shards set the rollouts' sampling seeds, so a run's results), ``runner``, to check it
+    against ``train.checkpoint_every`` and ``train.workers``, and, for the placement check and
+    the memory plan per GPU (:mod:`mage.placement`, :mod:`mage.memory`), ``placement`` and ``ray``."""
 
     runner: Runner  # the task runner of rollout shards
     max_workers: Annotated[int, Field(ge=1, le=1024)]
@@ -493,6 +509,9 @@ class FlowConfig:
     api_timeout_seconds: Annotated[float, Field(gt=0, le=3600)]
     # without PREFECT_API_URL, the temporary server a command starts must answer within this
     server_start_timeout_seconds: Annotated[float, Field(gt=0, le=3600)]
+    # train.workers > 1 on Ray: split puts the update workers and the engines on separate GPUs;
+    # colocated lets them share GPUs, the engines asleep during the update (engine.vllm.sleep_mode)
+    placement: Placement
     ray: RayConfig  # flow.runner=ray only
 
     def __post_init__(self) -> None:

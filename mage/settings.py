@@ -228,6 +228,37 @@ def check_across(settings: Settings) -> None:
         raise SettingsError(f"flow.rollout_shards: {flow.rollout_shards} shards for {engine.groups} groups leave "
                             f"{flow.rollout_shards - engine.groups} with nothing to play (a shard plays whole "
                             "groups); set flow.rollout_shards <= engine.groups")
+    check_workers(settings)
+
+
+def check_workers(settings: Settings) -> None:
+    """The update's workers and where they run (``train.workers``, ``flow.placement``); whether
+    they fit the cluster is checked when it is connected (:func:`mage.placement.check_placement`)."""
+    engine, train, flow = settings.engine, settings.train, settings.flow
+    if train.workers > 1 and flow.runner != "ray":
+        raise SettingsError(f"train.workers: {train.workers} update workers run on Ray Train, and flow.runner is "
+                            f"{flow.runner}: set flow.runner=ray (README, \"Scaling out: a Ray cluster\") or "
+                            "train.workers=1 (the update in the flow's process)")
+    if train.workers > train.mini_batch_size:
+        raise SettingsError(f"train.workers: {train.workers} workers share each mini-batch of "
+                            f"train.mini_batch_size={train.mini_batch_size} rows, which leaves "
+                            f"{train.workers - train.mini_batch_size} with nothing to do; set train.workers <= "
+                            "train.mini_batch_size")
+    if flow.placement == "colocated":
+        if train.workers == 1:
+            raise SettingsError("flow.placement: colocated puts the update workers beside the engines on the Ray "
+                                "cluster, and train.workers=1 runs the update in the flow's process: set "
+                                "train.workers > 1 or flow.placement=split")
+        if train.worker_gpus and flow.ray.shard_gpus:  # sharing GPUs: the engines must give theirs up
+            if engine.backend != "vllm":
+                raise SettingsError(f"engine.backend: flow.placement=colocated shares the update workers' GPUs with "
+                                    f"the engines, which must sleep during the update, and the {engine.backend} "
+                                    "backend cannot: set engine.backend=vllm with engine.vllm.sleep_mode=true, or "
+                                    "flow.placement=split")
+            if not engine.vllm.sleep_mode:
+                raise SettingsError("engine.vllm.sleep_mode: must be true with flow.placement=colocated (the engines "
+                                    "share the update workers' GPUs and sleep during the update); set "
+                                    "engine.vllm.sleep_mode=true, or flow.placement=split")
 
 
 def _population(raw: Mapping[str, Any], source: str | None) -> PopulationConfig:

@@ -100,11 +100,17 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "train.drift_kl": outside(0, math.inf, low_open=True),
     "train.lr_schedule": words({"constant", "linear"}),
     "train.batching": words({"bucketed", "padded"}),
+    "train.workers": below(1) | above(4096),
+    # a whole GPU per update worker or none: a fraction, 1.0 included, is not a count of GPUs
+    "train.worker_gpus": below(0) | above(1) | st.floats(0, 1, allow_nan=False),
+    "train.worker_cpus": outside(0, 4096),
+    "train.sharding": words({"fsdp", "ddp"}),
     "eval.meta_episodes": below(1),
     "eval.episodes": below(1),
     "eval.split": words({"held_out", "train", "all"}),
     "eval.sampling.top_p": outside(0, 1, low_open=True),
     "flow.runner": words({"thread", "process", "sequential", "ray"}),
+    "flow.placement": words({"split", "colocated"}),
     # a Ray address is auto, host:port or ray://host:port: no port, a bad port or a scheme is wrong
     "flow.ray.address": st.sampled_from(["nowhere", "http://h:1", "h:", ":6379", "h:123456", "ray://h", "a b:1"]),
     "flow.ray.num_cpus": below(1),

@@ -63,7 +63,9 @@ SCHEDULE = ("train.iterations", "train.checkpoint_every", "train.eval_every", "t
 #: can differ in the last bits: such a run is the same run, not a bitwise repeat.)
 PERFORMANCE = ("engine.hf", "engine.vllm", "engine.concurrency", "train.batching", "train.micro_batch_tokens",
                "train.micro_batch_rows", "train.share_prefix", "train.logits_chunk_tokens", "train.gradient_checkpointing",
-               "train.deterministic", "model.device")
+               "train.deterministic", "model.device",
+               # how many workers share the update and how they hold the model: the same mini-batches
+               "train.workers", "train.worker_gpus", "train.worker_cpus", "train.sharding")
 
 
 def identity_keys(settings: Settings) -> tuple[list[str], list[str]]:
