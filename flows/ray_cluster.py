@@ -161,17 +161,18 @@ def check_cluster(settings: Settings) -> int:
     return len(nodes)
 
 
-def check_room(cfg: Any, shards: int) -> None:
-    """The cluster holds every long-lived worker at once: one that does not fit would never
-    start, and its shard would wait for ever."""
+def check_room(settings: Settings) -> None:
+    """The cluster holds every long-lived worker at once, the update's workers with them
+    (:func:`mage.placement.check_placement`): one that does not fit would never start, and its
+    shard or the update would wait for ever."""
     import ray
 
-    total = ray.cluster_resources()
-    for resource, per_shard, key in (("CPU", cfg.shard_cpus, "shard_cpus"), ("GPU", cfg.shard_gpus, "shard_gpus")):
-        if shards * per_shard > total.get(resource, 0) + 1e-9:
-            raise ClusterError(f"flow.rollout_shards: {shards} rollout workers of {per_shard:g} {resource} each "
-                               f"(flow.ray.{key}) need {shards * per_shard:g}, the Ray cluster has "
-                               f"{total.get(resource, 0):g}; lower them or add nodes")
+    from mage.placement import PlacementError, check_placement
+
+    try:
+        check_placement(settings, ray.cluster_resources())
+    except PlacementError as error:
+        raise ClusterError(str(error)) from None
 
 
 @contextlib.contextmanager
@@ -198,11 +199,14 @@ def rollout_workers(settings: Settings, shards: int) -> Iterator[list[Any]]:
 
 @contextlib.contextmanager
 def on_ray(settings: Settings, shards: int) -> Iterator[list[Any]]:
-    """Inside a flow whose Ray runner has started: check the cluster, then hold the run's
-    rollout workers (none for ``shards`` 0 or without long-lived workers)."""
+    """Inside a flow whose Ray runner has started: for a training run (``shards`` > 0) check
+    that its update workers and engines fit the cluster's resources, first (it reads them and
+    touches nothing), then that every node sees the shared root and runs this code; then hold the
+    run's rollout workers (none for ``shards`` 0 or without long-lived workers)."""
+    if shards:
+        check_room(settings)
     check_cluster(settings)
     if shards and settings.flow.ray.long_lived_workers:
-        check_room(settings.flow.ray, shards)
         with rollout_workers(settings, shards) as handles:
             yield handles
     else:

@@ -63,12 +63,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plan(settings, gpu_gib: float | None) -> int:
-    from mage.memory import GIB, MemoryPlanError, check_fits, device_capacity, plan
+    from mage.memory import GIB, MemoryPlanError, check_fits, device_capacity, gpu_plans
+    from mage.placement import placement
 
     device, capacity = ("the planned GPU", int(gpu_gib * GIB)) if gpu_gib else device_capacity(settings)
     try:
-        memory = plan(settings, capacity, device)
-        print(memory.table())
+        plans = gpu_plans(settings, capacity, device)
+        where = placement(settings)
+        if where.on_cluster:
+            print(f"on the Ray cluster: {where.describe()}\n")
+        print("\n\n".join(memory.table() for memory in plans))
         if capacity is None:
             print("no GPU here: nothing to check against (--gpu-gib N plans for one)")
             return 0
@@ -76,7 +80,9 @@ def _plan(settings, gpu_gib: float | None) -> int:
     except MemoryPlanError as error:
         print(f"config error: {error}", file=sys.stderr)
         return 2
-    print(f"fits: {memory.peak / GIB:.1f} of {capacity / GIB:.1f} GiB at the peak")
+    for memory in plans:
+        whose = f" on {memory.role}" if memory.role else ""
+        print(f"fits{whose}: {memory.peak / GIB:.1f} of {capacity / GIB:.1f} GiB at the peak")
     return 0
 
 

@@ -24,6 +24,16 @@ settings, at the peak of one update:
   every row at both limits); on a Ray runner the engines are the workers', not counted here;
 * a fixed allowance for the CUDA context and workspaces.
 
+With ``train.workers`` N > 1 (Ray Train workers, :mod:`mage.placement`) the plan is per GPU
+(:func:`gpu_plans`): each update worker's GPU holds, with ``train.sharding=fsdp``, a 1/N shard of
+the weights, of the trained ones' gradients and of AdamW's moments, and the largest unit (a
+decoder layer, or the embeddings with the output layer) gathered whole in ``model.dtype`` with its
+float32 gradient before the reduce-scatter, in place of the autocast copy; with ``ddp`` all of it
+is replicated. Activations and logits are one worker's micro-batch, as in one process. Each
+engine's GPU (``flow.runner=ray``) holds vLLM's share, or the hf backend's weights and KV cache,
+per engine on it; with ``flow.placement=colocated`` the engine's parts sit on the update worker's
+GPU, asleep during the update. Every GPU is assumed to have the capacity the check is given.
+
 This module imports no torch: :func:`device_capacity` does, when it is asked.
 """
 
@@ -36,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from mage.models.shapes import SHAPES
+from mage.placement import placement
 from mage.settings import Settings, SettingsError
 
 GIB = 2**30
@@ -89,6 +100,14 @@ class Shape:
         layer += (q + 2 * kv) if self.qkv_bias else 2 * self.head_dim  # Qwen2's biases, or Qwen3's q/k norms
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * layer + self.hidden
 
+    def embedding_parameters(self) -> int:
+        """The embeddings, the output layer (when it is not tied to them) and the final norm."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    def layer_parameters(self) -> int:
+        """One decoder layer."""
+        return (self.parameters() - self.embedding_parameters()) // self.layers
+
     def lora_parameters(self, r: int, targets: tuple[str, ...] | str) -> int:
         linears = self.linears()
         names = linears if targets == "all-linear" else ([targets] if isinstance(targets, str) else targets)
@@ -136,8 +155,10 @@ class MemoryPlan:
     capacity: int | None
     device: str
     checkpoint_bytes: int  # one checkpoint on disk: trained weights and the optimizer
-    host_bytes: int  # full fine-tuning's KL reference, in host memory
+    host_bytes: int  # full fine-tuning's KL reference, in host memory (per update worker)
     notes: tuple[str, ...]
+    role: str = ""  # whose GPU (gpu_plans): "" for the update's single device
+    count: int = 1  # GPUs with this plan
 
     def total(self, during: str) -> int:
         return sum(p.bytes for p in self.parts if p.during in ("always", during))
@@ -157,36 +178,54 @@ class MemoryPlan:
 
     def table(self) -> str:
         gib = lambda n: f"{n / GIB:.2f}"  # noqa: E731
-        lines = [f"memory plan on {self.device}" + (f" ({gib(self.capacity)} GiB)" if self.capacity else ""), "",
-                 "| part | GiB | when | the key that changes it |", "|---|---|---|---|"]
+        whose = f" of {self.role}" + (f" (x{self.count})" if self.count > 1 else "") if self.role else ""
+        lines = [f"memory plan{whose} on {self.device}" + (f" ({gib(self.capacity)} GiB)" if self.capacity else ""),
+                 "", "| part | GiB | when | the key that changes it |", "|---|---|---|---|"]
         lines += [f"| {p.name} | {gib(p.bytes)} | {p.during} | {p.key} |" for p in self.parts]
         lines += ["", f"peak during the update: {gib(self.total('update'))} GiB; during rollouts: "
-                      f"{gib(self.total('rollout'))} GiB",
-                  f"one checkpoint on disk: {gib(self.checkpoint_bytes)} GiB (trained weights and optimizer state)"]
+                      f"{gib(self.total('rollout'))} GiB"]
+        if self.checkpoint_bytes:
+            lines.append(f"one checkpoint on disk: {gib(self.checkpoint_bytes)} GiB (trained weights and optimizer "
+                         "state)")
         if self.host_bytes:
-            lines.append(f"host memory for the KL reference (the starting weights, and the current ones during "
+            per = " per update worker" if self.role.startswith("each update worker") else ""
+            lines.append(f"host memory for the KL reference{per} (the starting weights, and the current ones during "
                          f"its pass): {gib(self.host_bytes)} GiB")
         lines += list(self.notes)
         return "\n".join(lines)
 
 
 def plan(settings: Settings, capacity: int | None = None, device: str = "cuda") -> MemoryPlan:
-    """The memory plan of ``settings`` on a device of ``capacity`` bytes (None: unknown)."""
+    """The memory plan of the update's device of ``capacity`` bytes (None: unknown): the flow's
+    process with ``train.workers=1``, else each update worker's GPU (its shard of the update's
+    state, :mod:`mage.placement`)."""
     shape, model, train, engine = model_shape(settings), settings.model, settings.train, settings.engine
+    where = placement(settings)
+    workers = max(where.workers, 1)
+    sharded = workers > 1 and train.sharding == "fsdp"
+    share = (lambda n: -(-n // workers)) if sharded else (lambda n: n)  # FSDP pads each shard up
+    of = f", a 1/{workers} shard" if sharded else ""
+    key = "train.workers" if sharded else ""  # what changes a shard most
     dt = DTYPE_BYTES[model.dtype]
     total = shape.parameters()
     lora = model.lora
     trained = shape.lora_parameters(lora.r, lora.target_modules) if lora else total
     parts = []
     if lora:
-        parts.append(Part(f"frozen weights ({model.dtype})", total * dt, "model.path", "always"))
-        parts.append(Part(f"LoRA r={lora.r} adapters (float32)", trained * 4, "model.lora.r", "always"))
+        parts.append(Part(f"frozen weights ({model.dtype}){of}", share(total * dt), key or "model.path", "always"))
+        parts.append(Part(f"LoRA r={lora.r} adapters (float32){of}", share(trained * 4), key or "model.lora.r", "always"))
     else:
-        parts.append(Part("master weights (float32)", total * 4, "model.lora", "always"))
-        if dt != 4:
+        parts.append(Part(f"master weights (float32){of}", share(total * 4), key or "model.lora", "always"))
+        if dt != 4 and not sharded:
             parts.append(Part(f"{model.dtype} copy for the forward pass (autocast)", total * dt, "model.lora", "update"))
-    parts.append(Part("gradients (float32)", trained * 4, "model.lora", "update"))
-    parts.append(Part("AdamW moments (float32)", trained * 8, "model.lora", "always"))
+    if sharded:  # FSDP gathers one unit at a time in model.dtype, and reduce-scatters its float32 gradient
+        layer_trained = trained // shape.layers if lora else shape.layer_parameters()
+        unit = max(shape.layer_parameters() * dt + layer_trained * 4,
+                   shape.embedding_parameters() * (dt + (0 if lora else 4)))
+        parts.append(Part(f"the largest unit gathered ({model.dtype}) with its float32 gradient", unit,
+                          "train.sharding", "update"))
+    parts.append(Part(f"gradients (float32){of}", share(trained * 4), key or "model.lora", "update"))
+    parts.append(Part(f"AdamW moments (float32){of}", share(trained * 8), key or "model.lora", "always"))
     tokens = train.micro_batch_tokens if train.batching == "bucketed" else train.micro_batch_rows * (
         engine.max_prompt_tokens + engine.sampling.max_new_tokens)
     per_layer = shape.activation_bytes(dt)
@@ -208,30 +247,90 @@ def plan(settings: Settings, capacity: int | None = None, device: str = "cuda") 
     else:
         parts.append(Part(f"logits of {tokens} tokens, unchunked", WHOLE_LOGITS_COPIES * tokens * shape.vocab * 4,
                           "train.logits_chunk_tokens", "update"))
-    if settings.flow.runner == "ray":
+    if where.workers:
+        notes.append(f"train.workers={workers} ({train.sharding}, flow.placement={where.placement}): "
+                     + ("the engines share these GPUs, asleep during the update" if where.placement == "colocated"
+                        else "the engines run on GPUs of their own"))
+        if where.placement == "colocated":
+            beside = min(where.engines_per_gpu, -(-where.engines_at_once // max(where.worker_gpus_total, 1)))
+            parts += _engine_parts(settings, shape, capacity, beside, asleep=True)
+    elif settings.flow.runner == "ray":
         notes.append("flow.runner=ray: the rollouts' engines run on the cluster's workers, not beside the trainer")
     elif engine.backend == "vllm":
-        vllm = engine.vllm
-        if vllm.kv_cache_memory_bytes is not None:
-            share = shape.parameters() * dt + vllm.kv_cache_memory_bytes
-        else:
-            share = int(vllm.gpu_memory_utilization * capacity) if capacity else 0
-        if vllm.sleep_mode:
-            parts.append(Part("vLLM engine, awake", share, "engine.vllm.gpu_memory_utilization", "rollout"))
-            parts.append(Part("vLLM engine, asleep", ASLEEP, "engine.vllm.sleep_mode", "update"))
-        else:
-            parts.append(Part("vLLM engine", share, "engine.vllm.gpu_memory_utilization", "always"))
-        if not share:
-            notes.append("vLLM's share is a fraction of the GPU: unknown without one")
+        parts += _engine_parts(settings, shape, capacity, 1, asleep=engine.vllm.sleep_mode)
     elif engine.backend == "hf":
         length = engine.max_prompt_tokens + engine.sampling.max_new_tokens
         kv = engine.hf.batch_size * length * 2 * shape.layers * shape.kv_heads * shape.head_dim * (4 if not lora else dt)
         parts.append(Part(f"hf KV cache, {engine.hf.batch_size} x {length} tokens", kv, "engine.hf.batch_size", "rollout"))
+    if engine.backend == "vllm" and any(p.name.startswith("vLLM") and not p.bytes for p in parts):
+        notes.append("vLLM's share is a fraction of the GPU: unknown without one")
     parts.append(Part("CUDA context and workspaces (allowance)", ALLOWANCE, "-", "always"))
     checkpoint = trained * 4 + trained * 8
     # the starting weights, and the current ones while the reference pass runs
-    host = 2 * total * 4 if (not lora and settings.algo.kl_coef) else 0
-    return MemoryPlan(tuple(parts), capacity, device, checkpoint, host, tuple(notes))
+    host = share(2 * total * 4) if (not lora and settings.algo.kl_coef) else 0
+    role = "each update worker's GPU" if where.workers else ""
+    return MemoryPlan(tuple(parts), capacity, device, checkpoint, host, tuple(notes), role,
+                      where.worker_gpus_total if where.workers else 1)
+
+
+def _vllm_share(settings: Settings, shape: Shape, capacity: int | None) -> int:
+    """One vLLM engine's memory: its weights and fixed KV cache, or its share of the GPU."""
+    vllm = settings.engine.vllm
+    if vllm.kv_cache_memory_bytes is not None:
+        return shape.parameters() * DTYPE_BYTES[settings.model.dtype] + vllm.kv_cache_memory_bytes
+    return int(vllm.gpu_memory_utilization * capacity) if capacity else 0
+
+
+def _engine_parts(settings: Settings, shape: Shape, capacity: int | None, engines: int, asleep: bool) -> list[Part]:
+    """``engines`` vLLM engines on one GPU: awake during rollouts and asleep during the update
+    with sleep mode (``asleep``), else all the time."""
+    each = _vllm_share(settings, shape, capacity)
+    times = f" x{engines}" if engines > 1 else ""
+    if asleep:
+        return [Part(f"vLLM engine{times}, awake", engines * each, "engine.vllm.gpu_memory_utilization", "rollout"),
+                Part(f"vLLM engine{times}, asleep", engines * ASLEEP, "engine.vllm.sleep_mode", "update")]
+    return [Part(f"vLLM engine{times}", engines * each, "engine.vllm.gpu_memory_utilization", "always")]
+
+
+def engine_plan(settings: Settings, capacity: int | None = None, device: str = "cuda",
+                count: int = 1) -> MemoryPlan | None:
+    """The plan of a GPU of the Ray cluster's rollout engines (``flow.ray.shard_gpus``; fractions
+    put several on one GPU), for ``count`` such GPUs; None where the engines take no GPU."""
+    where, engine, model = placement(settings), settings.engine, settings.model
+    if not where.engines or not where.shard_gpus or engine.backend == "scripted":
+        return None
+    shape = model_shape(settings)
+    on_one = where.engines_per_gpu if where.shard_gpus < 1 else 1
+    times = f" x{on_one}" if on_one > 1 else ""
+    notes = [f"{on_one} engine(s) of flow.ray.shard_gpus={where.shard_gpus:g} on each GPU"]
+    if engine.backend == "vllm":
+        parts = [*_engine_parts(settings, shape, capacity, on_one, asleep=False)]
+        if not parts[0].bytes:
+            notes.append("vLLM's share is a fraction of the GPU: unknown without one")
+    else:  # hf: the policy it samples (float32 full weights, or frozen weights and an adapter) and its KV cache
+        dt, lora = DTYPE_BYTES[model.dtype], model.lora
+        weights = shape.parameters() * dt + shape.lora_parameters(lora.r, lora.target_modules) * 4 if lora \
+            else shape.parameters() * 4
+        length = engine.max_prompt_tokens + engine.sampling.max_new_tokens
+        kv = engine.hf.batch_size * length * 2 * shape.layers * shape.kv_heads * shape.head_dim * (4 if not lora else dt)
+        parts = [Part(f"hf policy weights{times}", on_one * weights, "model.lora", "always"),
+                 Part(f"hf KV cache{times}, {engine.hf.batch_size} x {length} tokens", on_one * kv,
+                      "engine.hf.batch_size", "always"),
+                 Part("CUDA context and workspaces (allowance)", ALLOWANCE, "-", "always")]
+    return MemoryPlan(tuple(parts), capacity, device, 0, 0, tuple(notes), "each engine's GPU", count)
+
+
+def gpu_plans(settings: Settings, capacity: int | None = None, device: str = "cuda") -> tuple[MemoryPlan, ...]:
+    """Every GPU's plan: the update's (:func:`plan`: the flow's process, or each update worker's
+    GPU) first, then, on a Ray runner, each engine's GPU where the engines have GPUs of their own
+    (every engine's with ``flow.placement=split``; with ``colocated``, those beyond the update
+    workers' GPUs)."""
+    where = placement(settings)
+    plans = [plan(settings, capacity, device)]
+    alone = where.engine_gpus_total - (where.worker_gpus_total if where.placement == "colocated" else 0)
+    if alone > 0 and (engines := engine_plan(settings, capacity, device, alone)) is not None:
+        plans.append(engines)
+    return tuple(plans)
 
 
 def device_capacity(settings: Settings) -> tuple[str, int | None]:
@@ -248,9 +347,10 @@ def device_capacity(settings: Settings) -> tuple[str, int | None]:
 
 
 def check_fits(settings: Settings, capacity: int | None = None, device: str | None = None) -> MemoryPlan | None:
-    """Refuse ``settings`` if its plan cannot fit the device (default: ``model.device``'s), with
-    the key to change; the plan, or None on a CPU (host memory is not planned) or for a model
-    whose shape is not known before it is fetched (a WARNING says so)."""
+    """Refuse ``settings`` if a GPU's plan (:func:`gpu_plans`) cannot fit the device (default:
+    ``model.device``'s; every GPU of a cluster is taken to be alike), with the key to change; the
+    update's plan, or None on a CPU (host memory is not planned) or for a model whose shape is not
+    known before it is fetched (a WARNING says so)."""
     if capacity is None:
         device, capacity = device_capacity(settings)
         if capacity is None:
@@ -260,12 +360,16 @@ def check_fits(settings: Settings, capacity: int | None = None, device: str | No
     except MemoryPlanError as error:  # a hub model not fetched yet: the pipeline fetches it first
         logging.getLogger(__name__).warning(f"no memory plan: {error}")
         return None
-    memory = plan(settings, capacity, device or "cuda")
-    part = memory.overflow()
-    if part is not None:
-        during = "update" if memory.total("update") > capacity else "rollout"
-        raise MemoryPlanError(
-            f"{part.key}: the plan needs {memory.total(during) / GIB:.1f} GiB during the {during} on {memory.device} "
-            f"({capacity / GIB:.1f} GiB); its largest part is {part.name} ({part.bytes / GIB:.1f} GiB): change "
-            f"{part.key} (`python -m mage plan` with the same overrides prints every part)")
-    return memory
+    plans = gpu_plans(settings, capacity, device or "cuda")
+    if settings.train.workers > 1 and not settings.train.worker_gpus:
+        plans = plans[1:]  # the update's workers are CPU workers (gloo): not planned
+    for memory in plans:
+        part = memory.overflow()
+        if part is not None:
+            during = "update" if memory.total("update") > capacity else "rollout"
+            on = f"{memory.role} ({memory.device})" if memory.role else memory.device
+            raise MemoryPlanError(
+                f"{part.key}: the plan needs {memory.total(during) / GIB:.1f} GiB during the {during} on {on} "
+                f"({capacity / GIB:.1f} GiB); its largest part is {part.name} ({part.bytes / GIB:.1f} GiB): change "
+                f"{part.key} (`python -m mage plan` with the same overrides prints every part)")
+    return plans[0] if plans else None
