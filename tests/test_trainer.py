@@ -134,20 +134,23 @@ def test_the_full_fine_tuning_reference_is_the_starting_model_and_no_second_copy
     policy = load_policy(tiny_model_dir)
     trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2, mini_batch_size=4), algo_config())
     own = {id(m) for m in policy.model.modules()}
-    assert all(id(v) in own for v in vars(trainer).values() if isinstance(v, torch.nn.Module))
+    # its one module of its own, the forward pass (ResponseScorer), holds the policy's weights and no others
+    assert {id(v) for v in vars(trainer).values() if isinstance(v, torch.nn.Module)} - own == {id(trainer.scorer)}
+    assert {id(p) for p in trainer.scorer.parameters()} == {id(p) for p in policy.model.parameters()}
     table = fixed_batch(policy)
     for _ in range(3):
         trainer.update(table, seed=0)
     trained = [p.detach().clone() for p in trainer.parameters]
     prompts, responses = table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list()
     lengths = [len(r) for r in responses]
-    batches = trainer._batches(prompts, responses, batching="bucketed")
-    reference = trainer._score(batches, lengths, reference=True)
+    rows = list(range(len(lengths)))
+    (reference,) = trainer._score(prompts, responses, rows, lengths, references=(True,))
     assert all(torch.equal(p, t) for p, t in zip(trainer.parameters, trained))  # put back
     starting = PolicyTrainer(load_policy(tiny_model_dir), train_config(), algo_config(kl_coef=0.0))
-    expected = starting._score(batches, lengths, reference=False)
+    (expected,) = starting._score(prompts, responses, rows, lengths, references=(False,))
     assert all(torch.equal(a, b) for a, b in zip(reference, expected))
-    assert not all(torch.equal(a, b) for a, b in zip(trainer._score(batches, lengths, reference=False), expected))
+    (current,) = trainer._score(prompts, responses, rows, lengths, references=(False,))
+    assert not all(torch.equal(a, b) for a, b in zip(current, expected))
 
 
 @pytest.mark.parametrize("chunk", [None, 4])

@@ -23,6 +23,11 @@ With ``train.gradient_checkpointing`` only the decoder layers' own ``training`` 
 raised, and only during the PPO pass: transformers checkpoints a layer when that flag is
 set, dropout modules below it stay in eval mode, and generation between updates keeps its
 KV cache.
+
+With ``torch.distributed`` initialised (``train.workers`` > 1: Ray Train's workers), every
+rank runs this same update on its share of each mini-batch, the model sharded with FSDP2 or
+replicated with DDP (``train.sharding``); :mod:`mage.train.distributed` says how the ranks'
+gradients add up to the single-process one.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from mage.algo.losses import entropy_from_logits, ppo_loss, token_logprobs
 from mage.models.policy import Policy
 from mage.sections import AlgoConfig, TrainConfig
 from mage.train.batching import MicroBatch, causal_lm_forward, micro_batches, output_layer
+from mage.train.distributed import Collective, full_value, local, wrap
 from mage.train.logprobs import response_logprobs
 
 
@@ -50,10 +56,42 @@ def _peak_memory_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class ResponseScorer(torch.nn.Module):
+    """The trainer's forward pass as one module: log-probs [B, K] of a micro-batch's
+    right-aligned response tokens (and their entropies) at ``temperature``; with
+    ``chunk_tokens``, through the output layer in chunks of response positions
+    (:mod:`mage.train.logprobs`), 0 at padding. One module so that FSDP2's root gathers the
+    output layer's weights around the whole pass (``mage.train.distributed.wrap``)."""
+
+    def __init__(self, policy: Policy, head: torch.nn.Module, temperature: float, chunk_tokens: int | None) -> None:
+        super().__init__()
+        self.model, self.head = policy.model, head
+        self.policy, self.temperature, self.chunk_tokens = policy, temperature, chunk_tokens
+
+    def forward(self, batch: MicroBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        device = self.policy.device
+        targets = batch.targets.to(device)
+        if self.chunk_tokens is not None:
+            with self.policy.autocast():  # model.dtype's compute, float32 master weights (mage.models.policy.Policy)
+                hidden = causal_lm_forward(self.model, batch, device, hidden=True)[:, :-1]
+            logprobs, entropies = response_logprobs(hidden, self.head, targets, batch.response_mask.to(device),
+                                                    self.temperature, self.chunk_tokens, entropy,
+                                                    self.policy.compute_dtype)
+        else:
+            with self.policy.autocast():
+                logits = causal_lm_forward(self.model, batch, device)[:, :-1]  # position p predicts p + 1
+            if self.temperature != 1.0:
+                logits = logits.float() / self.temperature  # in float32, as the samplers apply it
+            logprobs, entropies = token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
+        # [B, K] each: copies, not views, so FSDP2's hook before the backward pass stays on them
+        return logprobs.clone(), entropies.clone() if entropies is not None else None
+
+
 class PolicyTrainer:
     """Owns the policy, its reference and the optimizer; see the module docstring."""
 
-    def __init__(self, policy: Policy, train: TrainConfig, algo: AlgoConfig, temperature: float = 1.0) -> None:
+    def __init__(self, policy: Policy, train: TrainConfig, algo: AlgoConfig, temperature: float = 1.0,
+                 collective: Collective | None = None) -> None:
         if not temperature > 0:  # also rejects NaN
             raise ValueError(f"temperature: the sampling temperature of the trained policy must be > 0, "
                              f"got {temperature}")
@@ -66,12 +104,19 @@ class PolicyTrainer:
         if train.logits_chunk_tokens is not None and type(self.head) is not torch.nn.Linear:
             raise ValueError(f"train.logits_chunk_tokens: the chunked log-probs need a plain linear output layer, "
                              f"this model's is a {type(self.head).__name__} (LoRA on lm_head?); set it to null")
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        self.collective = collective or Collective(device=self.device)
+        layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        self.scorer = wrap(ResponseScorer(policy, self.head, self.temperature, train.logits_chunk_tokens), layers,
+                           train.sharding, self.collective)
         self.parameters = [p for p in self.model.parameters() if p.requires_grad]
         # Full fine-tuning's reference is the starting weights: a copy in host memory, put into
-        # the model for the reference pass (once an update), never a second model on the device.
+        # the model for the reference pass (once an update), never a second model on the device
+        # (with FSDP2, each rank's shard of them).
         self.reference: list[torch.Tensor] | None = None
         if not policy.is_lora and algo.kl_coef:
-            self.reference = [p.detach().to("cpu", copy=True) for p in self.parameters]
+            self.reference = [local(p).detach().to("cpu", copy=True) for p in self.parameters]
         if not self.parameters:
             raise ValueError("the policy has no trainable parameters")
         self.optimizer = torch.optim.AdamW(
@@ -84,8 +129,6 @@ class PolicyTrainer:
         self.model.eval()
         self.checkpointed_layers: list[torch.nn.Module] = []
         if train.gradient_checkpointing:
-            from transformers.modeling_layers import GradientCheckpointingLayer
-
             # non-reentrant checkpointing: LoRA inputs need no requires_grad hook
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.checkpointed_layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -112,47 +155,47 @@ class PolicyTrainer:
             with self.model.disable_adapter():
                 yield
             return
-        current = [p.detach().to("cpu", copy=True) for p in self.parameters]
+        current = [local(p).detach().to("cpu", copy=True) for p in self.parameters]
         try:
             with torch.no_grad():
                 for parameter, weights in zip(self.parameters, self.reference):
-                    parameter.copy_(weights)
+                    local(parameter).copy_(weights)
             yield
         finally:
             with torch.no_grad():
                 for parameter, weights in zip(self.parameters, current):
-                    parameter.copy_(weights)
+                    local(parameter).copy_(weights)
 
     def forward(self, batch: MicroBatch, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs [B, K] of the right-aligned response tokens (and their entropies), at the
-        trainer's temperature; with ``train.logits_chunk_tokens``, through the output layer in
-        chunks of response positions (:mod:`mage.train.logprobs`), 0 at padding."""
-        targets = batch.targets.to(self.device)
-        chunk = self.train_cfg.logits_chunk_tokens
-        if chunk is not None:
-            with self.policy.autocast():  # model.dtype's compute, float32 master weights (mage.models.policy.Policy)
-                hidden = causal_lm_forward(self.model, batch, self.device, hidden=True)[:, :-1]
-            return response_logprobs(hidden, self.head, targets, batch.response_mask.to(self.device),
-                                     self.temperature, chunk, entropy, self.policy.compute_dtype)
-        with self.policy.autocast():
-            logits = causal_lm_forward(self.model, batch, self.device)[:, :-1]  # position p predicts p + 1
-        if self.temperature != 1.0:
-            logits = logits.float() / self.temperature  # in float32, as the samplers apply it
-        return token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
+        """Log-probs [B, K] of the right-aligned response tokens (and their entropies): :class:`ResponseScorer`."""
+        return self.scorer(batch, entropy)
 
     @torch.no_grad()
-    def _score(self, batches: Sequence[MicroBatch], lengths: Sequence[int], reference: bool) -> list[torch.Tensor]:
-        """Per-row log-probs of the response tokens (old policy, or reference)."""
-        with self._reference_context() if reference else nullcontext():
-            return self._score_rows(batches, lengths)
+    def _score(self, prompts, responses, rows: list[int], lengths: Sequence[int],
+               references: Sequence[bool]) -> list[list[torch.Tensor | None]]:
+        """Per-row log-probs of the response tokens of ``rows``, for each of ``references``
+        (False: the current policy, True: the reference). Each rank scores its share of the
+        rows and every rank gets every row's."""
+        mine = self.collective.share(rows, lengths)
+        batches = self._batches(prompts, responses, mine, batching="bucketed") if mine else []
+        fillers = self.collective.most(len(batches)) - len(batches)  # passes every rank runs
+        if fillers:
+            batches += self._batches(prompts, responses, rows[:1], batching="bucketed")[:1] * fillers
+        out = []
+        for reference in references:
+            with self._reference_context() if reference else nullcontext():
+                scored = self._score_rows(batches, lengths)
+            merged = self.collective.gather({row: scored[row] for row in mine})
+            out.append([merged.get(i) for i in range(len(lengths))])
+        return out
 
-    def _score_rows(self, batches: Sequence[MicroBatch], lengths: Sequence[int]) -> list[torch.Tensor]:
-        per_row: list[torch.Tensor | None] = [None] * len(lengths)
+    def _score_rows(self, batches: Sequence[MicroBatch], lengths: Sequence[int]) -> dict[int, torch.Tensor]:
+        per_row = {}
         for batch in batches:
             logprobs, _ = self.forward(batch)
             for r, row in enumerate(batch.rows):
                 per_row[row] = logprobs[r, logprobs.shape[1] - lengths[row] :].float().cpu()
-        return per_row  # type: ignore[return-value]
+        return per_row
 
     def _aligned(self, values: Sequence[torch.Tensor], batch: MicroBatch) -> torch.Tensor:
         width = batch.targets.shape[1]
@@ -188,7 +231,7 @@ class PolicyTrainer:
         rows = [i for i, n in enumerate(lengths) if n]
         out: list[list[float]] = [[] for _ in lengths]
         if rows:
-            scored = self._score(self._batches(prompts, responses, rows, batching="bucketed"), lengths, reference=False)
+            (scored,) = self._score(prompts, responses, rows, lengths, references=(False,))
             for i in rows:
                 out[i] = scored[i].tolist()
         return out
@@ -212,9 +255,10 @@ class PolicyTrainer:
         responses = table["response_token_ids"].to_list()
         advantages = torch.tensor(table["advantage"].to_numpy(), dtype=torch.float32)
         lengths = [len(r) for r in responses]
-        scoring = self._batches(prompts, responses, batching="bucketed")
-        old = self._score(scoring, lengths, reference=False)
-        ref = self._score(scoring, lengths, reference=True) if self.algo.kl_coef else None
+        scored = self._score(prompts, responses, list(range(len(prompts))), lengths,
+                             references=(False, True) if self.algo.kl_coef else (False,))
+        old, ref = scored[0], (scored[1] if self.algo.kl_coef else None)
+        world = self.collective.world
 
         cfg = self.train_cfg
         learning_rate = cfg.learning_rate if learning_rate is None else float(learning_rate)
@@ -233,7 +277,15 @@ class PolicyTrainer:
                     mini_tokens = sum(lengths[i] for i in rows)
                     self.optimizer.zero_grad(set_to_none=True)
                     weighted = {k: 0.0 for k in ("loss", "policy_loss", "kl", "entropy", "clip_fraction")}
-                    for batch in self._batches(prompts, responses, rows, share_prefix=share_prefix):
+                    mine = self.collective.share(rows, lengths)
+                    batches = self._batches(prompts, responses, mine, share_prefix=share_prefix) if mine else []
+                    real = len(batches)
+                    passes = self.collective.most(real)  # every rank runs as many (mage.train.distributed)
+                    if passes > real:
+                        filler = self._batches(prompts, responses, rows[:1], share_prefix=share_prefix)[:1]
+                        batches += filler * (passes - real)
+                    for index, batch in enumerate(batches):
+                        counted = index < real  # a filler pass adds nothing: its loss is multiplied by 0
                         logprobs, entropy = self.forward(batch, entropy=bool(self.algo.entropy_coef))
                         parts = ppo_loss(
                             logprobs,
@@ -245,7 +297,10 @@ class PolicyTrainer:
                             mini_tokens,
                             entropy,
                         )
-                        parts.loss.backward()
+                        # FSDP2 and DDP average the ranks' gradients: times the ranks, they add up
+                        (parts.loss * (world if counted else 0.0)).backward()
+                        if not counted:
+                            continue
                         share = parts.tokens / max(mini_tokens, 1)
                         weighted["loss"] += parts.loss.item()
                         for key, value in (("policy_loss", parts.policy), ("kl", parts.kl), ("entropy", parts.entropy),
@@ -253,20 +308,23 @@ class PolicyTrainer:
                             weighted[key] += share * value
                         padded_tokens += batch.padded_tokens
                         trained_tokens += batch.real_tokens
-                    grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip)
+                    grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip))
                     self.optimizer.step()
                     steps += 1
-                    for key, value in weighted.items():
+                    for key, value in self.collective.total(weighted).items():
                         totals[key] += value
-                    totals["grad_norm"] += float(grad_norm)
+                    totals["grad_norm"] += grad_norm
         seconds = time.perf_counter() - started
+        peak = _peak_memory_mib(self.device)
+        counted = self.collective.total({"trained": trained_tokens, "padded": padded_tokens})
+        trained_tokens, padded_tokens = int(counted["trained"]), int(counted["padded"])
         metrics = {key: value / max(steps, 1) for key, value in totals.items()}
         # Off-policy drift: the rollout's log-probs against the trainer's for the same tokens.
         # Near 0 when the generating engine serves the policy being trained (numerical noise).
         # Backends record the model's own log-probs (temperature 1), so only then do they compare.
         comparable = "response_logprobs" in table.columns and self.temperature == 1.0
         recorded = table["response_logprobs"].to_list() if comparable else []
-        gaps = [abs(a - b) for row, mine in zip(recorded, old) if row and len(row) == len(mine)
+        gaps = [abs(a - b) for row, mine in zip(recorded, old) if row and mine is not None and len(row) == len(mine)
                 for a, b in zip(row, mine.tolist())]
         if gaps:
             metrics.update(rollout_logprob_gap_mean=float(np.mean(gaps)), rollout_logprob_gap_max=float(np.max(gaps)))
@@ -281,6 +339,6 @@ class PolicyTrainer:
             tokens_per_second=trained_tokens / seconds if seconds else 0.0,
             advantage_mean=float(advantages.mean()),
             advantage_abs_mean=float(advantages.abs().mean()),
-            peak_memory_mib=_peak_memory_mib(self.device),
+            peak_memory_mib=peak if world == 1 else float(self.collective.most(int(peak))),  # the largest rank's
         )
         return metrics

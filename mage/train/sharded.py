@@ -1,0 +1,217 @@
+"""One update on N ranks, from a checkpoint to a checkpoint's state: what each Ray Train worker
+runs (``tasks.train_workers``), and what any other launcher of ``torch.distributed`` can run.
+
+:func:`run_update` builds the policy on the base weights (full fine-tuning's reference), shards
+it (:mod:`mage.train.distributed`), loads the state it resumes from, runs
+:meth:`PolicyTrainer.update` on the scored table and writes the new state to ``out``:
+
+* ``out/trainer_state/``: the trained weights and AdamW's moments, sharded, written by every
+  rank with ``torch.distributed.checkpoint`` as safetensors files (its Hugging Face storage:
+  the plan travels in the files' headers, nothing is pickled). Any number of ranks reads it
+  back (:func:`load_state`): a run resumes with more or fewer workers, or in one process.
+* ``out/weights.safetensors``: rank 0's gathered copy of the trained tensors (full fine-tuning:
+  every weight; LoRA: the adapter), by their names in the policy's model, which the driver loads
+  into its policy for the rollouts and the checkpoint's ordinary model directory or adapter.
+
+A one-process checkpoint (``trainer_state.safetensors``, :mod:`mage.train.checkpoint`) is read
+as well: its full tensors are scattered to the ranks' shards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mage import io
+from mage.train.distributed import Collective
+
+#: The sharded state's directory, inside an update's output and a checkpoint.
+SHARDED_STATE = "trainer_state"
+#: Rank 0's gathered trained tensors.
+WEIGHTS = "weights.safetensors"
+#: Beside them: what wrote them (the ranks, the tensors' names), in JSON.
+RECORD = "update.json"
+_OPTIMIZER = "optimizer."
+
+
+@dataclass(frozen=True)
+class UpdateJob:
+    """One update: the settings, the scored table, the checkpoint it continues (None: the base
+    model), where the new state goes, and the update's seed and learning rate."""
+
+    settings: Any  # mage.settings.Settings (this module sits below mage.settings' users)
+    iteration: int
+    table: str
+    resume: str | None
+    out: str
+    seed: int
+    learning_rate: float
+
+
+def _trained_names(model: torch.nn.Module) -> list[str]:
+    # named_parameters lists a tied weight once (the output layer shares the input table)
+    return [name for name, p in model.named_parameters() if p.requires_grad]
+
+
+def _options(**kwargs: Any):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True, strict=False, **kwargs)
+
+
+def _state(trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The trained tensors and the flattened optimizer state, each tensor once."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(trainer.model, trainer.optimizer, options=_options())
+    names = set(_trained_names(trainer.model))
+    tensors = {name: value for name, value in model_state.items() if name in names}
+    tensors |= {_OPTIMIZER + key: value for key, value in optimizer_state.items()
+                if torch.is_tensor(value) and key.startswith("state.")}
+    return tensors, optimizer_state
+
+
+def save_state(trainer, out: str | Path) -> None:
+    """Every rank: the sharded state into ``out/trainer_state``; rank 0 also the gathered trained
+    tensors (``out/weights.safetensors``) and ``out/update.json``."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    out = Path(out)
+    tensors, _ = _state(trainer)
+    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(out / SHARDED_STATE), save_distributed=True))
+    full = get_model_state_dict(trainer.model, options=_options(full_state_dict=True, cpu_offload=True))
+    if trainer.collective.rank == 0:
+        trained = {name: full[name].detach().contiguous() for name in _trained_names(trainer.model)}
+        io.atomic_write(out / WEIGHTS, lambda tmp: save_file(trained, tmp))
+        record = {"ranks": trainer.collective.world, "sharding": trainer.train_cfg.sharding,
+                  "tensors": sorted(trained), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        io.write_json(out / RECORD, record)
+
+
+def load_state(trainer, directory: str | Path) -> None:
+    """Every rank: the weights and optimizer state under ``directory``: a sharded state
+    (``trainer_state/``, written by any number of ranks) or a one-process checkpoint's."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    directory = Path(directory)
+    if not (directory / SHARDED_STATE).is_dir():
+        return _load_single_process(trainer, directory)
+    import torch.distributed.checkpoint as dcp
+
+    _materialise_optimizer(trainer)
+    tensors, optimizer_state = _state(trainer)
+    dcp.load(tensors, storage_reader=dcp.HuggingFaceStorageReader(str(directory / SHARDED_STATE)))
+    model_state = {k: v for k, v in tensors.items() if not k.startswith(_OPTIMIZER)}
+    optimizer_state |= {k[len(_OPTIMIZER):]: v for k, v in tensors.items() if k.startswith(_OPTIMIZER)}
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                   options=_options())
+
+
+def _materialise_optimizer(trainer) -> None:
+    """AdamW creates its moments at its first step: create them (zeros, step 0) so that a
+    loaded state has tensors to land in."""
+    for group in trainer.optimizer.param_groups:
+        for p in group["params"]:
+            state = trainer.optimizer.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _load_single_process(trainer, directory: Path) -> None:
+    """A one-process checkpoint: its full tensors, scattered to this rank's shards."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    from mage.train import checkpoint as ckpt
+
+    checkpoint = ckpt.Checkpoint.at(directory)
+    ckpt.require_complete(directory)
+    names = _trained_names(trainer.model)
+    files = ([directory / "adapter_model.safetensors"] if checkpoint.kind == "lora"
+             else sorted(directory.glob("model*.safetensors")))
+    saved: dict[str, torch.Tensor] = {}
+    for file in files:
+        saved |= load_file(file)
+    model_state = _by_model_names(trainer, saved, names)
+    moments = load_file(directory / ckpt.STATE_FILE)
+    optimizer_state: dict[str, Any] = {}
+    for key, value in moments.items():
+        if key.startswith("optimizer."):
+            _, index, moment = key.split(".", 2)
+            optimizer_state[f"state.{names[int(index)]}.{moment}"] = value
+    for group_key, value in _param_groups(trainer, checkpoint.manifest["optimizer"]["param_groups"], names).items():
+        optimizer_state[group_key] = value
+    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                   options=_options(full_state_dict=True))
+
+
+def _by_model_names(trainer, saved: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under the model's parameter names (peft saves an adapter without
+    its adapter name: ``...lora_A.weight`` is the model's ``...lora_A.default.weight``)."""
+    out = {}
+    for name in names:
+        candidates = (name, name.replace(".default.", "."), name.removeprefix("base_model.model."))
+        found = next((saved[c] for c in candidates if c in saved), None)
+        if found is None:
+            raise ValueError(f"the checkpoint has no tensor for {name}")
+        out[name] = found
+    return out
+
+
+def _param_groups(trainer, groups: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    flat = {}
+    for group in groups:
+        for index in group["params"]:
+            for key, value in group.items():
+                if key != "params":
+                    flat[f"param_groups.{names[index]}.{key}"] = value
+    return flat
+
+
+def run_update(job: UpdateJob) -> dict[str, float]:
+    """Every rank (``torch.distributed`` initialised, or a lone process): the update of ``job``,
+    its state written to ``job.out``; returns the update's metrics (every rank the same)."""
+    import polars as pl
+
+    from mage.models.policy import load_run_policy
+    from mage.train.trainer import PolicyTrainer
+
+    settings = job.settings
+    torch.manual_seed(settings.train.seed)  # a fresh LoRA adapter, as mage.run.state.start_training draws it
+    policy = load_run_policy(settings)
+    collective = Collective.current(policy.device)
+    trainer = PolicyTrainer(policy, settings.train, settings.algo, temperature=settings.engine.sampling.temperature,
+                            collective=collective)
+    if job.resume is not None:
+        load_state(trainer, job.resume)
+    table = pl.read_parquet(job.table)
+    metrics = trainer.update(table, seed=job.seed, learning_rate=job.learning_rate)
+    save_state(trainer, job.out)
+    return metrics
+
+
+def load_trained(policy, out: str | Path) -> None:
+    """Rank 0's gathered trained tensors (``out/weights.safetensors``) into ``policy`` (the
+    driver's, for rollouts and the checkpoint's model files)."""
+    from safetensors.torch import load_file
+
+    path = Path(out) / WEIGHTS
+    try:
+        trained = load_file(path)
+    except Exception as error:  # a missing or torn file: name it
+        raise io.CorruptFileError(path, f"not a readable safetensors file ({error})",
+                                  "the update did not finish: run the iteration again") from None
+    names = set(_trained_names(policy.model))
+    if set(trained) != names:
+        raise ValueError(f"{path}: its tensors are not the policy's trained ones "
+                         f"(missing {sorted(names - set(trained))[:5]}, unexpected {sorted(set(trained) - names)[:5]})")
+    missing, unexpected = policy.model.load_state_dict(trained, strict=False)
+    assert not unexpected, unexpected
