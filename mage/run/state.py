@@ -4,23 +4,33 @@ it equals (:class:`TrainingState`), and, for rollouts in other processes, a
 
 Whichever samples, the trainer's policy in memory or a worker given the same checkpoint,
 the same iteration and shard play the same table.
+
+A vLLM engine in the trainer's process gets each update's full weights through memory
+(``engine.vllm.weight_sync=memory``), a LoRA adapter or, with ``disk``, full weights from the
+checkpoint; either way its log-probs of a small probe must then equal the trainer's
+(:mod:`mage.backends.vllm_sync`), or the run stops with a ``StaleWeightsError``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import polars as pl
 import torch
 
-from mage.backends import Backend
+from mage.backends import Backend, vllm_sync
+from mage.backends.vllm import VLLMBackend
 from mage.models.policy import Policy, load_run_policy, rollout_backend
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
+from mage.train import sharded
 from mage.train.trainer import PolicyTrainer
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class TrainingState:
@@ -33,6 +43,10 @@ class TrainingState:
     iteration: int = 0
     checkpoint: ckpt.Checkpoint | None = None
     _backend: Backend | None = field(default=None, repr=False)
+    #: ``train.workers`` > 1: the workers' sharded state of the newest update, which the next
+    #: checkpoint takes (the trainer in this process holds the weights, not the optimizer)
+    sharded_state: Path | None = None
+    _probe: vllm_sync.Probe | None = field(default=None, repr=False)  # what a vLLM engine is checked on
 
     def backend(self) -> Backend:
         """The rollout backend of the current weights (hf shares the policy's model in memory;
@@ -54,16 +68,58 @@ class TrainingState:
         finally:
             self._backend.wake_up()
 
+    def synced(self, table: pl.DataFrame) -> dict[str, float]:
+        """The weights changed (an update on ``table``): a vLLM engine of this process that takes
+        them through memory (``engine.vllm.weight_sync=memory``, full fine-tuning) gets them now,
+        checked against the trainer; returns the largest log-prob gap of that check, or {}."""
+        backend = self._backend
+        if not isinstance(backend, VLLMBackend):
+            return {}
+        if self._probe is None:  # fixed from the first table on
+            self._probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(),
+                                               table["response_token_ids"].to_list())
+        if backend.weight_sync != "memory" or self.policy.is_lora:
+            return {}  # the checkpoint brings them (checkpointed)
+        pushed = vllm_sync.push_weights(backend, self.policy.model.state_dict().items())
+        gap = self._verify(backend, f"the weights of update {self.iteration}, pushed through memory")
+        logger.info(f"weights of update {self.iteration} in the vLLM engine through memory: {pushed['tensors']} "
+                    f"tensors in {pushed['seconds']:.2f} s, probe log-probs within {gap:.1e} of the trainer's")
+        return {"weight_sync_gap_max": gap}
+
     def checkpointed(self, saved: ckpt.Checkpoint) -> None:
-        """``saved`` holds the current weights: the rollouts go on with it."""
+        """``saved`` holds the current weights: the rollouts go on with it (a vLLM engine that was
+        pushed them takes it as their name; any other loads it, and is checked)."""
         self.checkpoint = saved
-        if self._backend is not None:
-            self._backend.load_checkpoint(saved.path, saved.kind)
+        backend = self._backend
+        if backend is None:
+            return
+        if isinstance(backend, VLLMBackend) and vllm_sync.name_pushed(backend, str(saved.path)):
+            return
+        backend.load_checkpoint(saved.path, saved.kind)
+        if isinstance(backend, VLLMBackend) and self._probe is not None:
+            self._verify(backend, f"checkpoint {saved.path}")
+
+    def _verify(self, backend: VLLMBackend, what: str) -> float:
+        assert self._probe is not None
+        tolerance = vllm_sync.tolerance_for(backend.engine.spec.dtype, backend.sync_tolerance)
+        return vllm_sync.verify(backend, self._probe, probe_logprobs(self.policy, self._probe), tolerance, what)
 
     def close(self) -> None:
         if self._backend is not None:
             self._backend.release()
         self._backend = None
+
+
+@torch.no_grad()
+def probe_logprobs(policy: Policy, probe: vllm_sync.Probe) -> list[list[float]]:
+    """The policy's teacher-forced log-probs (temperature 1) of each probe sequence's scored tokens."""
+    out = []
+    for tokens, scored in zip(probe.tokens, probe.scored):
+        ids = torch.tensor([tokens], device=policy.device)
+        with policy.autocast():
+            logits = policy.model(input_ids=ids).logits[0, -scored - 1:-1]
+        out.append(logits.float().log_softmax(-1).gather(-1, ids[0, -scored:, None])[:, 0].tolist())
+    return out
 
 
 def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None) -> TrainingState:
@@ -81,7 +137,11 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
     trainer = PolicyTrainer(policy, settings.train, settings.algo, temperature=settings.engine.sampling.temperature)
     if checkpoint is not None:
         ckpt.load_weights(policy, checkpoint)
-        ckpt.load_trainer_state(checkpoint, trainer.optimizer)
+        if checkpoint.sharded and settings.train.workers == 1:  # written by N workers, continued in one process
+            sharded.load_state(trainer, checkpoint.path)
+        elif not checkpoint.sharded:
+            ckpt.load_trainer_state(checkpoint, trainer.optimizer)
+        ckpt.load_rng(checkpoint)
     return TrainingState(settings, policy, trainer, checkpoint.iteration if checkpoint else 0, checkpoint)
 
 

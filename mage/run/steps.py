@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -80,12 +82,14 @@ def score(settings: Settings, tables: Sequence[pl.DataFrame], iteration: int) ->
 def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
     """One PPO update on a scored table. Its seed and learning rate follow the iteration, so a
     resumed run replays the same update; a vLLM engine in this process sleeps meanwhile (its
-    GPU memory goes to the trainer)."""
+    GPU memory goes to the trainer), then gets the new weights through memory where it takes
+    them so, checked (``weight_sync_gap_max``; :meth:`TrainingState.synced`)."""
     settings = state.settings
     with state.engine_asleep():
         metrics = state.trainer.update(table, seed=derive_seed(settings.seed, iteration, 1),
                                        learning_rate=settings.train.learning_rate_at(iteration))
     state.iteration = iteration
+    metrics.update(state.synced(table))
     return metrics
 
 
@@ -100,7 +104,11 @@ def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
         layout.checkpoints, state.iteration, state.policy, state.trainer.optimizer,
         config_hash=identity_hash(settings),
         parent=str(state.checkpoint.path) if state.checkpoint else None, metrics=metrics,
+        sharded_state=state.sharded_state,
     )
+    if state.sharded_state is not None:  # moved into the checkpoint: its staging folder is empty now
+        shutil.rmtree(state.sharded_state.parent, ignore_errors=True)
+        state.sharded_state = None
     final = layout.final_checkpoint() if layout.final.is_file() else None  # a longer run's earlier end
     ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=state.iteration,
                            protect=[final] if final is not None else [])
