@@ -125,12 +125,12 @@ def _warn_recomputed(task_ctx: Any, why: str) -> None:
 
 def is_transient(exception: BaseException | None) -> bool:
     """Failures worth retrying: I/O and network errors, timeouts, CUDA hiccups. Configuration
-    and programming errors (ValueError, TypeError, KeyError, ...) fail at once, and so does an
-    error that says so itself (a class attribute ``transient = False``), whatever it wraps."""
+    and programming errors (ValueError, TypeError, KeyError, ...) fail at once; an error that
+    says so itself (an attribute ``transient``, True or False) is taken at its word, whatever it wraps."""
     if exception is None:
         return False
-    if getattr(exception, "transient", None) is False:
-        return False
+    if getattr(exception, "transient", None) is not None:  # the error knows (True or False)
+        return bool(exception.transient)
     if isinstance(exception, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False  # a missing input (a stale reference included) stays missing
     if isinstance(exception, OSError):  # TimeoutError and ConnectionError included

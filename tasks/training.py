@@ -112,6 +112,10 @@ class FlowSteps(Steps):
         return self._configured(score_rollout)(self.settings, tables, iteration)
 
     def update(self, state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
+        if self.settings.train.workers > 1:  # on Ray Train's workers, from the table score_rollout wrote
+            from tasks.train_workers import update_policy_on_workers
+
+            return self._configured(update_policy_on_workers)(state, iteration)
         return self._configured(update_policy)(state, table, iteration)
 
     def save(self, state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:

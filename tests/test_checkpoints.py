@@ -124,3 +124,29 @@ def test_an_evaluation_holds_the_checkpoint_it_plays(tiny_model_dir, tmp_path, m
         evaluation.write_evaluation(None, checkpoint, "train", tmp_path / "out")
     assert len(seen) == 1 and seen[0].startswith(f"{checkpoint.path.name}.")
     assert checkpoint.path.is_dir() and not holds.exists()  # kept while held; no hold, nor its folder, after
+
+
+def test_a_checkpoint_takes_the_workers_sharded_state_and_lists_its_files(tiny_model_dir, tmp_path, hashes):
+    """train.workers > 1: the workers' state folder is moved into the checkpoint as
+    ``trainer_state/``; the manifest hashes and sizes its files by their relative paths, a
+    damaged one makes the checkpoint incomplete, and loading the weights reads none of them."""
+    policy = load_policy(tiny_model_dir)
+    trainer = PolicyTrainer(policy, train_config(), algo_config())
+    staging = tmp_path / ".update-00001" / "trainer_state"
+    staging.mkdir(parents=True)
+    (staging / "shard-00001-model-00001-of-00001.safetensors").write_bytes(b"rank 0's shards")
+    (staging / "shard-00002-model-00001-of-00001.safetensors").write_bytes(b"rank 1's shards")
+    saved = ckpt.save_checkpoint(tmp_path / "checkpoints", 1, policy, trainer.optimizer, config_hash="h", parent=None,
+                                 metrics={}, sharded_state=staging)
+    assert not staging.exists() and saved.sharded
+    names = {f"trainer_state/shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2)}
+    assert names <= set(saved.manifest["files"]) and saved.manifest["sizes"][min(names)] == len(b"rank 0's shards")
+    assert not names & set(ckpt.weight_files(saved.path))
+    from safetensors.torch import load_file
+
+    assert not [k for k in load_file(saved.path / ckpt.STATE_FILE) if k.startswith("optimizer.")]  # the RNG alone
+    hashes.clear()
+    ckpt.load_weights(policy, saved)
+    assert not [h for h in hashes if h.startswith("shard-")]
+    (saved.path / min(names)).write_bytes(b"torn")
+    assert not ckpt.is_complete(saved.path)

@@ -30,13 +30,15 @@ def settings_for(model_dir: Path, tmp_path: Path, *extra: str) -> Settings:
 
 def scored_table(model_dir: Path, path: Path) -> str:
     """Twelve calls of different lengths with advantages of both signs: two mini-batches of 6,
-    which two ranks split unevenly by rows and evenly by tokens."""
+    which two ranks split unevenly by rows and evenly by tokens; their prompts share a prefix."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     rows = []
-    prompts = ("Your card: King (K).", "Board: A1 B2", "Game: Kuhn Poker, two players. You act first.")
+    # one long common prefix, as the games' prompts have: the one-process update runs it once
+    rules = "Game: Kuhn Poker, two players. Each antes one chip. "
+    prompts = (rules + "Your card: King (K).", rules + "Your card: Jack (J). The opponent bet.", rules + "You act first.")
     replies = ("<action>bet</action>", "<action>check</action> then <remark>the opponent folds often</remark>",
                "<action>call</action>", "<remark>bluff less</remark><action>fold</action>")
     for i, (prompt, reply) in enumerate((p, r) for p in prompts for r in replies):

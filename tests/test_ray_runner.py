@@ -10,7 +10,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import polars as pl
@@ -161,15 +161,19 @@ def test_a_ray_run_resumes_what_the_thread_runner_finished(ray_cluster, on_one_m
 
 
 @contextlib.contextmanager
-def killing_the_first(marker: str) -> Iterator[list[int]]:
-    """While the block runs, SIGKILL the first process whose command line names ``marker``
-    (Ray titles a busy worker ``ray::<task>`` or ``<Actor>.<method>``); yields the killed pids."""
+def killing_the_first(marker: str, ready: Callable[[], bool] = lambda: True) -> Iterator[list[int]]:
+    """While the block runs, once ``ready()``, SIGKILL the first process whose command line names
+    ``marker`` (Ray titles a busy worker ``ray::<task>`` or ``<Actor>.<method>``); yields the
+    killed pids."""
     killed: list[int] = []
     done = threading.Event()
 
     def kill() -> None:
         deadline = time.monotonic() + 300
         while not killed and not done.is_set() and time.monotonic() < deadline:
+            if not ready():
+                time.sleep(0.005)
+                continue
             for process in psutil.process_iter(["pid", "cmdline"]):
                 if any(marker in part for part in process.info["cmdline"] or ()):
                     process.kill()
@@ -380,3 +384,81 @@ def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, 
     assert "Creating a local Ray instance" in done.stderr + done.stdout
     assert_same_run(config, on_one_machine)
 
+
+
+# -- the update on Ray Train's workers (train.workers=2) ------------------------------------
+def two_workers(address: str) -> list[str]:
+    """Two gloo update workers of half a CPU beside two rollout actors of half a CPU: the two
+    one-CPU nodes hold them all at once."""
+    return [*on(address), "flow.ray.shard_cpus=0.5", "train.workers=2", "train.worker_gpus=0", "train.worker_cpus=0.5"]
+
+
+def checkpoint_weights(settings, iteration: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(RunLayout.of(settings).checkpoints / f"ckpt-{iteration:05d}" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def on_two_workers(ray_cluster, tiny_model_dir, tmp_path_factory):
+    """The 2-iteration train flow with train.workers=2, one Ray Train worker SIGKILLed in the
+    middle of the second update (as the workers write its state)."""
+    config = overrides(tiny_model_dir, tmp_path_factory.mktemp("two-workers"), *two_workers(ray_cluster),
+                       "flow.retries=2")
+    writing = RunLayout.of(load_settings(config)).checkpoints / ".update-00002" / "trainer_state"
+    with killing_the_first("RayTrainWorker", ready=writing.exists) as killed:
+        state = train(config, return_state=True)
+    return {"state": state, "config": config, "killed": killed}
+
+
+def test_the_update_on_two_ray_train_workers_equals_one_process(on_two_workers, on_one_machine):
+    """The 2-iteration flow with train.workers=2 completes; its first rollout and its first
+    update equal the one-process run's (the update within 1e-5: the ranks sum in another
+    order); each checkpoint holds the workers' sharded state beside ordinary model files."""
+    from mage.train import checkpoint as ckpt
+
+    assert on_two_workers["state"].is_completed()
+    settings, reference = load_settings(on_two_workers["config"]), load_settings(on_one_machine["config"])
+    first = tables(settings).filter(pl.col("iteration") == 1)
+    assert_same_tables(first, on_one_machine["tables"].filter(pl.col("iteration") == 1))
+    mine, theirs = checkpoint_weights(settings, 1), checkpoint_weights(reference, 1)
+    assert mine.keys() == theirs.keys()
+    assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) <= 1e-5
+    latest = ckpt.latest_checkpoint(RunLayout.of(settings).checkpoints)
+    assert latest.iteration == 2 and latest.sharded
+    assert any(name.startswith("trainer_state/") for name in latest.manifest["files"])
+    assert not list(RunLayout.of(settings).checkpoints.glob(".update-*"))  # staging moved into the checkpoints
+
+
+def test_a_killed_update_worker_is_retried_from_the_checkpoint_and_gives_the_same_weights(on_two_workers, ray_cluster,
+                                                                                          tmp_path):
+    """The killed try of the second update failed cleanly and the task's retry ran it again from
+    the first checkpoint: its weights equal, bit for bit, the same update run uninterrupted by the
+    same Ray Train workers from that checkpoint. (A worker killed while Ray Train starts them is
+    started again by Ray Train itself.)"""
+    import ray
+    from safetensors.torch import load_file
+
+    from flows.ray_cluster import loopback_only
+    from mage.tensors import derive_seed
+    from mage.train.sharded import WEIGHTS, UpdateJob
+    from tasks.ray_workers import NAMESPACE, PROJECT_DIR
+    from tasks.train_workers import fit
+
+    assert on_two_workers["killed"], "no Ray Train worker was seen writing the second update's state"
+    assert on_two_workers["state"].is_completed()
+    runs = task_runs(on_two_workers["state"])
+    assert [runs[f"update-{i}"].run_count for i in (1, 2)] == [1, 2]
+    settings = load_settings(on_two_workers["config"])
+    layout = RunLayout.of(settings)
+    job = UpdateJob(settings, 2, str(layout.rollout(2)), str(layout.checkpoints / "ckpt-00001"), str(tmp_path),
+                    derive_seed(settings.seed, 2, 1), settings.train.learning_rate_at(2))
+    runtime_env = {"env_vars": {PROJECT_DIR: os.getcwd()}, "worker_process_setup_hook": "tasks.ray_workers.enter_project_dir"}
+    with loopback_only():
+        ray.init(address=ray_cluster, namespace=NAMESPACE, runtime_env=runtime_env, _node_ip_address="127.0.0.1")
+        try:
+            fit(job)
+        finally:
+            ray.shutdown()
+    uninterrupted, retried = load_file(tmp_path / WEIGHTS), checkpoint_weights(settings, 2)
+    assert_same_weights({k: retried[k] for k in uninterrupted}, uninterrupted)

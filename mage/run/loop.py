@@ -59,6 +59,11 @@ class Steps:
         """The base model, built or fetched (:func:`mage.build.prepare_model`)."""
         from mage.build import prepare_model
 
+        if self.settings.train.workers > 1:  # checked before any work
+            raise ValueError(f"train.workers={self.settings.train.workers}: the update's workers are Ray Train's, "
+                             "which the train flow starts (`python -m flows train`); in this process set "
+                             "train.workers=1")
+
         prepare_model(self.settings, progress=self.progress)
 
     def start(self, checkpoint: ckpt.Checkpoint | None) -> TrainingState:

@@ -6,7 +6,10 @@ A checkpoint is a directory ``ckpt-00007/`` holding
   ``model.safetensors`` + config + tokenizer (full fine-tuning), loadable with
   ``from_pretrained`` (and servable by vLLM);
 * ``trainer_state.safetensors``: the AdamW moments and step counts, and the torch RNG
-  state(s), as tensors (nothing is pickled);
+  state(s), as tensors (nothing is pickled); with ``train.workers`` > 1 the moments (and the
+  trained weights) are instead in ``trainer_state/``, sharded by the workers that wrote them
+  (:mod:`mage.train.sharded`: safetensors files any number of workers reads back), and this
+  file holds the RNG states alone;
 * ``manifest.json``: iteration, config hash, parent checkpoint, metrics, the optimizer's
   hyper-parameters, the Python RNG state and the SHA-256 and size of every file.
 
@@ -46,6 +49,8 @@ from safetensors.torch import load_file, save_file
 from mage import __version__, io
 
 PREFIX = "ckpt-"
+#: The workers' sharded state (mage.train.sharded.SHARDED_STATE)
+SHARDED_STATE = "trainer_state"
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.safetensors"
 #: Beside the checkpoints: one empty file per evaluation holding one (``ckpt-00007.<host>.<pid>.<id>``).
@@ -66,6 +71,11 @@ class Checkpoint:
     @property
     def kind(self) -> str:
         return self.manifest["kind"]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the optimizer state is the workers' sharded one (``trainer_state/``)."""
+        return bool(self.manifest.get("sharded_state"))
 
     @classmethod
     def at(cls, path: str | Path) -> Checkpoint:
@@ -108,9 +118,12 @@ def save_checkpoint(
     config_hash: str,
     parent: str | None,
     metrics: dict[str, Any],
+    sharded_state: Path | None = None,
 ) -> Checkpoint:
     """Write checkpoint ``iteration`` under ``root`` atomically and return it (an older
-    checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`)."""
+    checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`).
+    ``sharded_state``: the workers' state of this update (``train.workers`` > 1), moved in
+    instead of ``optimizer``'s."""
     final = Path(root) / f"{PREFIX}{iteration:05d}"
     manifest: dict[str, Any] = {}
 
@@ -119,7 +132,11 @@ def save_checkpoint(
         if not policy.is_lora:
             policy.tokenizer.save_pretrained(tmp)
         tensors, groups = _optimizer_tensors(optimizer)
+        if sharded_state is not None:
+            shutil.move(str(sharded_state), tmp / SHARDED_STATE)
+            tensors = {}
         save_file(tensors | _rng_tensors(), tmp / STATE_FILE)
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest.update({
             "iteration": iteration,
             "kind": "lora" if policy.is_lora else "full",
@@ -131,8 +148,9 @@ def save_checkpoint(
             "python_rng": _json_rng(random.getstate()),
             "mage_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "files": {p.name: io.file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
-            "sizes": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
+            "sharded_state": sharded_state is not None,
+            "files": {p.relative_to(tmp).as_posix(): io.file_sha256(p) for p in files},
+            "sizes": {p.relative_to(tmp).as_posix(): p.stat().st_size for p in files},
         })
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -189,7 +207,8 @@ def _require(path: Path, hashed: Iterable[str]) -> None:
 
 def weight_files(path: Path) -> list[str]:
     """The files of checkpoint ``path`` that a policy loads: all but the trainer's state."""
-    return [name for name in io.read_json(path / MANIFEST, DAMAGED)["files"] if name != STATE_FILE]
+    return [name for name in io.read_json(path / MANIFEST, DAMAGED)["files"]
+            if name != STATE_FILE and not name.startswith(SHARDED_STATE + "/")]
 
 
 def require_complete(path: str | Path) -> Path:
@@ -307,7 +326,7 @@ def load_weights(policy: Any, checkpoint: Checkpoint) -> None:
 
 
 def load_trainer_state(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer) -> None:
-    """Restore the optimizer and the RNG states saved with ``checkpoint``."""
+    """Restore the optimizer state saved with ``checkpoint`` by one process (:func:`load_rng`: the RNG states)."""
     _require(checkpoint.path, [STATE_FILE])
     tensors = _tensors(checkpoint.path / STATE_FILE)
     state: dict[int, dict[str, torch.Tensor]] = {}
@@ -316,6 +335,12 @@ def load_trainer_state(checkpoint: Checkpoint, optimizer: torch.optim.Optimizer)
             _, index, name = key.split(".", 2)
             state.setdefault(int(index), {})[name] = value
     optimizer.load_state_dict({"state": state, "param_groups": checkpoint.manifest["optimizer"]["param_groups"]})
+
+
+def load_rng(checkpoint: Checkpoint) -> None:
+    """Restore the torch and Python RNG states saved with ``checkpoint``."""
+    _require(checkpoint.path, [STATE_FILE])
+    tensors = _tensors(checkpoint.path / STATE_FILE)
     torch.set_rng_state(tensors["rng.torch"])
     cuda_states = [tensors[k] for k in sorted(k for k in tensors if k.startswith("rng.cuda."))]
     if cuda_states and torch.cuda.is_available():

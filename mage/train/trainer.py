@@ -267,8 +267,11 @@ class PolicyTrainer:
         rng = np.random.default_rng(seed)
         totals = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0, "grad_norm": 0.0}
         steps = trained_tokens = padded_tokens = 0
-        # a checkpointed layer drops the prefix's KV cache, so the PPO pass runs whole sequences
-        share_prefix = cfg.share_prefix and not self.checkpointed_layers
+        # a checkpointed layer drops the prefix's KV cache, and an FSDP2 layer frees its gathered
+        # weights between the prefix's pass and the rest's, which the backward pass of the prefix
+        # still needs: either way the PPO pass runs whole sequences
+        fsdp = world > 1 and cfg.sharding == "fsdp"
+        share_prefix = cfg.share_prefix and not self.checkpointed_layers and not fsdp
         with self._checkpointing():
             for _ in range(cfg.ppo_epochs):
                 order = rng.permutation(len(prompts)).tolist()
