@@ -26,9 +26,10 @@ settings, at the peak of one update:
 
 With ``train.workers`` N > 1 (Ray Train workers, :mod:`mage.placement`) the plan is per GPU
 (:func:`gpu_plans`): each update worker's GPU holds, with ``train.sharding=fsdp``, a 1/N shard of
-the weights, of the trained ones' gradients and of AdamW's moments, and the largest unit (a
-decoder layer, or the embeddings with the output layer) gathered whole in ``model.dtype`` with its
-float32 gradient before the reduce-scatter, in place of the autocast copy; with ``ddp`` all of it
+the weights, of the trained ones' gradients and of AdamW's moments, and what FSDP2 gathers whole
+at once (the root, embeddings with the output layer, for the whole pass, and two decoder layers,
+the next one prefetched; in the dtype the shards hold: float32 for full fine-tuning) with float32
+gradients before their reduce-scatter, in place of the autocast copy; with ``ddp`` all of it
 is replicated. Activations and logits are one worker's micro-batch, as in one process. Each
 engine's GPU (``flow.runner=ray``) holds vLLM's share, or the hf backend's weights and KV cache,
 per engine on it; with ``flow.placement=colocated`` the engine's parts sit on the update worker's
@@ -218,11 +219,17 @@ def plan(settings: Settings, capacity: int | None = None, device: str = "cuda") 
         parts.append(Part(f"master weights (float32){of}", share(total * 4), key or "model.lora", "always"))
         if dt != 4 and not sharded:
             parts.append(Part(f"{model.dtype} copy for the forward pass (autocast)", total * dt, "model.lora", "update"))
-    if sharded:  # FSDP gathers one unit at a time in model.dtype, and reduce-scatters its float32 gradient
+    if sharded:
+        # FSDP2 gathers what the shards hold (full fine-tuning's float32 masters, LoRA's frozen
+        # weights in model.dtype): the root (embeddings, final norm, output layer) for the whole
+        # pass, and a decoder layer with the next one prefetched; gradients of the gathered trained
+        # weights in float32 until their reduce-scatter
+        held = dt if lora else 4
         layer_trained = trained // shape.layers if lora else shape.layer_parameters()
-        unit = max(shape.layer_parameters() * dt + layer_trained * 4,
-                   shape.embedding_parameters() * (dt + (0 if lora else 4)))
-        parts.append(Part(f"the largest unit gathered ({model.dtype}) with its float32 gradient", unit,
+        root_trained = 0 if lora else shape.embedding_parameters()
+        unit = ((shape.embedding_parameters() + 2 * shape.layer_parameters()) * held
+                + (root_trained + layer_trained) * 4)
+        parts.append(Part("gathered (the root and two decoder layers), with float32 gradients", unit,
                           "train.sharding", "update"))
     parts.append(Part(f"gradients (float32){of}", share(trained * 4), key or "model.lora", "update"))
     parts.append(Part(f"AdamW moments (float32){of}", share(trained * 8), key or "model.lora", "always"))

@@ -234,7 +234,7 @@ def check_across(settings: Settings) -> None:
 def check_workers(settings: Settings) -> None:
     """The update's workers and where they run (``train.workers``, ``flow.placement``); whether
     they fit the cluster is checked when it is connected (:func:`mage.placement.check_placement`)."""
-    engine, train, flow = settings.engine, settings.train, settings.flow
+    model, train, flow = settings.model, settings.train, settings.flow
     if train.workers > 1 and flow.runner != "ray":
         raise SettingsError(f"train.workers: {train.workers} update workers run on Ray Train, and flow.runner is "
                             f"{flow.runner}: set flow.runner=ray (README, \"Scaling out: a Ray cluster\") or "
@@ -249,16 +249,14 @@ def check_workers(settings: Settings) -> None:
             raise SettingsError("flow.placement: colocated puts the update workers beside the engines on the Ray "
                                 "cluster, and train.workers=1 runs the update in the flow's process: set "
                                 "train.workers > 1 or flow.placement=split")
-        if train.worker_gpus and flow.ray.shard_gpus:  # sharing GPUs: the engines must give theirs up
-            if engine.backend != "vllm":
-                raise SettingsError(f"engine.backend: flow.placement=colocated shares the update workers' GPUs with "
-                                    f"the engines, which must sleep during the update, and the {engine.backend} "
-                                    "backend cannot: set engine.backend=vllm with engine.vllm.sleep_mode=true, or "
-                                    "flow.placement=split")
-            if not engine.vllm.sleep_mode:
-                raise SettingsError("engine.vllm.sleep_mode: must be true with flow.placement=colocated (the engines "
-                                    "share the update workers' GPUs and sleep during the update); set "
-                                    "engine.vllm.sleep_mode=true, or flow.placement=split")
+        if train.worker_gpus and flow.ray.shard_gpus:
+            raise SettingsError("flow.placement: colocated on GPUs is not supported yet: the engines live in Ray "
+                                "actors that hold their GPUs for the whole run, and nothing puts them to sleep "
+                                "during the update, so the update's workers would wait for GPUs for ever; set "
+                                "flow.placement=split (README, \"The update on several workers\")")
+    if train.workers > 1 and train.worker_gpus and model.device == "cpu":
+        raise SettingsError("train.worker_gpus: 1 gives each update worker a GPU (NCCL), and model.device is cpu: "
+                            "set train.worker_gpus=0 for CPU workers (gloo)")
 
 
 def _population(raw: Mapping[str, Any], source: str | None) -> PopulationConfig:

@@ -122,9 +122,15 @@ def test_the_sharded_state_resumes_on_another_number_of_ranks(tiny_model_dir, tm
     assert {p.suffix for p in state.iterdir() if p.is_file()} == {".safetensors"}
 
     run_update(job(settings, table, tmp_path / "alone-1"))
-    run_update(job(settings, table, tmp_path / "alone-2", resume=tmp_path / "alone-1", seed=4))
-    run_update(job(settings, table, tmp_path / "one", resume=tmp_path / "first", seed=4))
-    on_ranks(3, job(settings, table, tmp_path / "three", resume=tmp_path / "first", seed=4))
+    alone = run_update(job(settings, table, tmp_path / "alone-2", resume=tmp_path / "alone-1", seed=4))
+    one = run_update(job(settings, table, tmp_path / "one", resume=tmp_path / "first", seed=4))
+    three = on_ranks(3, job(settings, table, tmp_path / "three", resume=tmp_path / "first", seed=4))
+    # the second update's KL is to the starting weights, which the ranks swap into their shards
+    # (an FSDP2 root that kept its gathered weights would score the reference with the current ones)
+    assert alone["kl"] > 1e-4
+    for resumed in (one, three):
+        assert resumed["kl"] == pytest.approx(alone["kl"], rel=1e-3)
+        assert resumed["loss"] == pytest.approx(alone["loss"], abs=1e-5)
     # Four AdamW steps: a step divides by the weight's own gradient size, so where a gradient is
     # near zero the ranks' other order of summation moves it by up to a fraction of lr (1e-3)
     assert_close(trained(tmp_path / "alone-2"), trained(tmp_path / "one"), tolerance=1e-4)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import polars as pl
@@ -133,7 +133,10 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
     torch.manual_seed(settings.train.seed)
     # The trainer is built on the base weights (full fine-tuning copies them as the
     # reference policy); a checkpoint's weights are loaded into the policy afterwards.
-    policy = load_run_policy(settings)
+    # With train.workers > 1 the workers train on their own devices; this process holds the
+    # weights only to write checkpoints and hand them on, in host memory (its GPUs are the cluster's)
+    policy = load_run_policy(settings if settings.train.workers == 1 else
+                             replace(settings, model=replace(settings.model, device="cpu")))
     trainer = PolicyTrainer(policy, settings.train, settings.algo, temperature=settings.engine.sampling.temperature)
     if checkpoint is not None:
         ckpt.load_weights(policy, checkpoint)

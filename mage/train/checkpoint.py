@@ -122,8 +122,8 @@ def save_checkpoint(
 ) -> Checkpoint:
     """Write checkpoint ``iteration`` under ``root`` atomically and return it (an older
     checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`).
-    ``sharded_state``: the workers' state of this update (``train.workers`` > 1), moved in
-    instead of ``optimizer``'s."""
+    ``sharded_state``: the workers' state of this update (``train.workers`` > 1), linked in
+    instead of ``optimizer``'s (the caller removes it once saved)."""
     final = Path(root) / f"{PREFIX}{iteration:05d}"
     manifest: dict[str, Any] = {}
 
@@ -133,7 +133,8 @@ def save_checkpoint(
             policy.tokenizer.save_pretrained(tmp)
         tensors, groups = _optimizer_tensors(optimizer)
         if sharded_state is not None:
-            shutil.move(str(sharded_state), tmp / SHARDED_STATE)
+            # linked, not moved: a failed write (the whole temporary folder is removed) can be retried
+            shutil.copytree(sharded_state, tmp / SHARDED_STATE, copy_function=os.link)
             tensors = {}
         save_file(tensors | _rng_tensors(), tmp / STATE_FILE)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())

@@ -140,7 +140,10 @@ def wrap(module: torch.nn.Module, layers: Sequence[torch.nn.Module], sharding: s
     mesh = init_device_mesh(collective.device.type, (collective.world,))
     for layer in layers:
         fully_shard(layer, mesh=mesh)
-    fully_shard(module, mesh=mesh)
+    # The root too frees its gathered weights after each pass (FSDP2 keeps the root's by default):
+    # the trainer writes the reference weights into the shards between passes, and a root still
+    # holding the current ones would score the reference with them.
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
     return module
 
 

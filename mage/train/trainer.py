@@ -179,12 +179,12 @@ class PolicyTrainer:
         mine = self.collective.share(rows, lengths)
         batches = self._batches(prompts, responses, mine, batching="bucketed") if mine else []
         fillers = self.collective.most(len(batches)) - len(batches)  # passes every rank runs
-        if fillers:
-            batches += self._batches(prompts, responses, rows[:1], batching="bucketed")[:1] * fillers
+        filler = self._batches(prompts, responses, rows[:1], batching="bucketed")[:1] if fillers else []
         out = []
         for reference in references:
             with self._reference_context() if reference else nullcontext():
                 scored = self._score_rows(batches, lengths)
+                self._score_rows(filler * fillers, lengths)  # run, not kept
             merged = self.collective.gather({row: scored[row] for row in mine})
             out.append([merged.get(i) for i in range(len(lengths))])
         return out
