@@ -168,17 +168,32 @@ def killing_the_first(marker: str, ready: Callable[[], bool] = lambda: True) -> 
     killed: list[int] = []
     done = threading.Event()
 
+    def marked() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["pid", "cmdline"]) if any(marker in part for part in p.info["cmdline"] or ())]
+
     def kill() -> None:
-        deadline = time.monotonic() + 300
-        while not killed and not done.is_set() and time.monotonic() < deadline:
+        # Until ready, the marked processes are kept at hand (a scan of every process is slow on a
+        # busy machine, and the moment to kill may be short); from ready on, 300 s to find one.
+        at_hand: list[psutil.Process] = []
+        scanned, deadline = 0.0, None
+        while not killed and not done.is_set():
+            now = time.monotonic()
             if not ready():
+                if now - scanned > 0.25:
+                    at_hand, scanned = marked(), now
                 time.sleep(0.005)
                 continue
-            for process in psutil.process_iter(["pid", "cmdline"]):
-                if any(marker in part for part in process.info["cmdline"] or ()):
+            deadline = deadline or now + 300
+            if now > deadline:
+                return
+            for process in at_hand + marked():
+                try:
                     process.kill()
-                    killed.append(process.info["pid"])
-                    return
+                except psutil.NoSuchProcess:
+                    continue
+                killed.append(process.pid)
+                return
+            at_hand = []
             time.sleep(0.02)
 
     killer = threading.Thread(target=kill, daemon=True)
