@@ -147,7 +147,7 @@ def _load_single_process(trainer, directory: Path) -> None:
         if key.startswith("optimizer."):
             _, index, moment = key.split(".", 2)
             optimizer_state[f"state.{names[int(index)]}.{moment}"] = value
-    for group_key, value in _param_groups(trainer, checkpoint.manifest["optimizer"]["param_groups"], names).items():
+    for group_key, value in _param_groups(checkpoint.manifest["optimizer"]["param_groups"], names).items():
         optimizer_state[group_key] = value
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
                    options=_options(full_state_dict=True))
@@ -166,7 +166,8 @@ def _by_model_names(trainer, saved: dict[str, torch.Tensor], names: list[str]) -
     return out
 
 
-def _param_groups(trainer, groups: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+def _param_groups(groups: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """A one-process checkpoint's parameter groups, flattened by parameter name."""
     flat = {}
     for group in groups:
         for index in group["params"]:
