@@ -138,3 +138,20 @@ def test_the_sharded_state_resumes_on_another_number_of_ranks(tiny_model_dir, tm
     # and the second update moved them
     assert not all(torch.equal(trained(tmp_path / "first")[k], trained(tmp_path / "one")[k])
                    for k in trained(tmp_path / "first"))
+
+
+def test_a_one_process_checkpoint_is_refused_on_workers_naming_the_key(tiny_model_dir, tmp_path):
+    """A run checkpointed by one process (``trainer_state.safetensors``) is not continued on
+    workers: the update says so before any work, naming train.workers."""
+    from mage.models.policy import load_run_policy
+    from mage.train import checkpoint as ckpt
+    from mage.train.trainer import PolicyTrainer
+
+    settings = settings_for(tiny_model_dir, tmp_path)
+    table = scored_table(tiny_model_dir, tmp_path / "table.parquet")
+    policy = load_run_policy(settings)
+    trainer = PolicyTrainer(policy, settings.train, settings.algo)
+    saved = ckpt.save_checkpoint(tmp_path / "checkpoints", 1, policy, trainer.optimizer, config_hash="h", parent=None,
+                                 metrics={})
+    with pytest.raises(ValueError, match=r"^train.workers: .* was written by one process"):
+        run_update(job(settings, table, tmp_path / "next", resume=saved.path))

@@ -13,8 +13,8 @@ it (:mod:`mage.train.distributed`), loads the state it resumes from, runs
   every weight; LoRA: the adapter), by their names in the policy's model, which the driver loads
   into its policy for the rollouts and the checkpoint's ordinary model directory or adapter.
 
-A one-process checkpoint (``trainer_state.safetensors``, :mod:`mage.train.checkpoint`) is read
-as well: its full tensors are scattered to the ranks' shards.
+A one-process checkpoint (``trainer_state.safetensors``, :mod:`mage.train.checkpoint`) is not
+continued on workers yet: :func:`load_state` says so, naming ``train.workers``.
 """
 
 from __future__ import annotations
@@ -126,55 +126,11 @@ def _materialise_optimizer(trainer) -> None:
 
 
 def _load_single_process(trainer, directory: Path) -> None:
-    """A one-process checkpoint: its full tensors, scattered to this rank's shards."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-
-    from mage.train import checkpoint as ckpt
-
-    checkpoint = ckpt.Checkpoint.at(directory)
-    ckpt.require_complete(directory)
-    names = _trained_names(trainer.model)
-    files = ([directory / "adapter_model.safetensors"] if checkpoint.kind == "lora"
-             else sorted(directory.glob("model*.safetensors")))
-    saved: dict[str, torch.Tensor] = {}
-    for file in files:
-        saved |= load_file(file)
-    model_state = _by_model_names(trainer, saved, names)
-    moments = load_file(directory / ckpt.STATE_FILE)
-    optimizer_state: dict[str, Any] = {}
-    for key, value in moments.items():
-        if key.startswith("optimizer."):
-            _, index, moment = key.split(".", 2)
-            optimizer_state[f"state.{names[int(index)]}.{moment}"] = value
-    for group_key, value in _param_groups(checkpoint.manifest["optimizer"]["param_groups"], names).items():
-        optimizer_state[group_key] = value
-    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
-                   options=_options(full_state_dict=True))
-
-
-def _by_model_names(trainer, saved: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors under the model's parameter names (peft saves an adapter without
-    its adapter name: ``...lora_A.weight`` is the model's ``...lora_A.default.weight``)."""
-    out = {}
-    for name in names:
-        candidates = (name, name.replace(".default.", "."), name.removeprefix("base_model.model."))
-        found = next((saved[c] for c in candidates if c in saved), None)
-        if found is None:
-            raise ValueError(f"the checkpoint has no tensor for {name}")
-        out[name] = found
-    return out
-
-
-def _param_groups(groups: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """A one-process checkpoint's parameter groups, flattened by parameter name."""
-    flat = {}
-    for group in groups:
-        for index in group["params"]:
-            for key, value in group.items():
-                if key != "params":
-                    flat[f"param_groups.{names[index]}.{key}"] = value
-    return flat
+    """A one-process checkpoint (``trainer_state.safetensors``): not continued on workers yet."""
+    raise ValueError(f"train.workers: {directory} was written by one process (train.workers=1), and its "
+                     "optimizer state cannot be scattered to the workers' shards yet; continue this run with "
+                     "train.workers=1 (a run checkpointed by workers continues on any number of them, or in one "
+                     "process)")
 
 
 def run_update(job: UpdateJob) -> dict[str, float]:
