@@ -142,6 +142,8 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
         ckpt.load_weights(policy, checkpoint)
         if checkpoint.sharded and settings.train.workers == 1:  # written by N workers, continued in one process
             sharded.load_state(trainer, checkpoint.path)
+        elif not checkpoint.sharded and settings.train.workers > 1:
+            sharded.refuse_one_process(checkpoint.path)
         elif not checkpoint.sharded:
             ckpt.load_trainer_state(checkpoint, trainer.optimizer)
         ckpt.load_rng(checkpoint)

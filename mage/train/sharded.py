@@ -127,6 +127,12 @@ def _materialise_optimizer(trainer) -> None:
 
 def _load_single_process(trainer, directory: Path) -> None:
     """A one-process checkpoint (``trainer_state.safetensors``): not continued on workers yet."""
+    refuse_one_process(directory)
+
+
+def refuse_one_process(directory: str | Path) -> None:
+    """The error for a one-process checkpoint continued on workers (the driver raises it before
+    any work, :func:`mage.run.state.start_training`)."""
     raise ValueError(f"train.workers: {directory} was written by one process (train.workers=1), and its "
                      "optimizer state cannot be scattered to the workers' shards yet; continue this run with "
                      "train.workers=1 (a run checkpointed by workers continues on any number of them, or in one "
