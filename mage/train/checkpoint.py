@@ -49,7 +49,7 @@ from safetensors.torch import load_file, save_file
 from mage import __version__, io
 
 PREFIX = "ckpt-"
-#: The workers' sharded state (mage.train.sharded.SHARDED_STATE)
+#: The workers' sharded state, inside an update's output and a checkpoint (mage.train.sharded)
 SHARDED_STATE = "trainer_state"
 MANIFEST = "manifest.json"
 STATE_FILE = "trainer_state.safetensors"

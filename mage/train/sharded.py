@@ -27,10 +27,9 @@ from typing import Any
 import torch
 
 from mage import io
+from mage.train.checkpoint import SHARDED_STATE
 from mage.train.distributed import Collective
 
-#: The sharded state's directory, inside an update's output and a checkpoint.
-SHARDED_STATE = "trainer_state"
 #: Rank 0's gathered trained tensors.
 WEIGHTS = "weights.safetensors"
 #: Beside them: what wrote them (the ranks, the tensors' names), in JSON.
@@ -101,7 +100,7 @@ def load_state(trainer, directory: str | Path) -> None:
 
     directory = Path(directory)
     if not (directory / SHARDED_STATE).is_dir():
-        return _load_single_process(trainer, directory)
+        refuse_one_process(directory)
     import torch.distributed.checkpoint as dcp
 
     _materialise_optimizer(trainer)
@@ -123,11 +122,6 @@ def _materialise_optimizer(trainer) -> None:
                 state["step"] = torch.tensor(0.0)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
-def _load_single_process(trainer, directory: Path) -> None:
-    """A one-process checkpoint (``trainer_state.safetensors``): not continued on workers yet."""
-    refuse_one_process(directory)
 
 
 def refuse_one_process(directory: str | Path) -> None:
