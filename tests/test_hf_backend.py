@@ -201,7 +201,9 @@ def test_engine_rows_carry_policy_logprobs(tiny_model_dir):
     ).iter_rows():
         assert logprobs == pytest.approx(teacher_forced_logprobs(reference, prompt_ids, response_ids), abs=1e-4)
     # A random model rarely speaks the protocol: its replies are invalid and use up turns.
-    assert table.filter(pl.col("phase") == "play")["invalid_reason"].null_count() < table.height
+    play = table.filter(pl.col("phase") == "play")
+    assert play.height > 0 and play["invalid_reason"].null_count() < play.height  # some play reply invalid
+    assert (play["invalid_reason"].is_null() == play["valid"]).all()  # a reason exactly where a reply is invalid
 
 
 def test_scripted_backend_with_a_tokenizer_gives_token_ids(tiny_model_dir):
