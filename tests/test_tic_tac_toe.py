@@ -12,12 +12,22 @@ from mage.opponents.tic_tac_toe import PATTERNS
 LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
 
 
+#: OpenSpiel's action of each cell (row * 3 + column), named as the board is drawn
+CELL = {name: action for action, name in enumerate(["A1", "B1", "C1", "A2", "B2", "C2", "A3", "B3", "C3"])}
+
+
 def state_after(*cells: str):
     game = make_game("tic_tac_toe").openspiel_game
     state = game.new_initial_state()
     for cell in cells:
-        state.apply_action(["A1", "B1", "C1", "A2", "B2", "C2", "A3", "B3", "C3"].index(cell))
+        state.apply_action(CELL[cell])
     return state
+
+
+def winning_cells(marks: set[str], empty: list[str]) -> list[str]:
+    """The empty cells that complete a line of ``marks``, from the lines listed by hand."""
+    owned = {CELL[m] for m in marks}
+    return [c for c in empty if any(CELL[c] in line and set(line) - {CELL[c]} <= owned for line in LINES)]
 
 
 def test_cell_names_follow_the_drawn_board():
@@ -142,21 +152,34 @@ def test_opening_moves_are_part_of_the_snapshot():
 
 def test_the_beginner_takes_wins_and_blocks_only_sometimes():
     beginner = make("tic_tac_toe", "beginner", p_win=0.5, p_block=0.4)
-    # X to move (X at A1, B1; O at B2): C1 wins. By hand: 0.5 on the win, the other 0.5 spread
-    # over all five empty cells (the win included), and no block is needed.
-    probs = beginner.action_probabilities(state_after("A1", "B2", "B1"), 0)
+    # X to move (X at A1, B1; O at B2, C3): C1 wins. By hand: 0.5 on the win, the other 0.5
+    # spread over all five empty cells (the win included), and no block is needed.
+    state = state_after("A1", "B2", "B1", "C3")
+    empty = ["C1", "A2", "C2", "A3", "B3"]
+    assert state.current_player() == 0 and sorted(cell_name(a) for a in state.legal_actions()) == sorted(empty)
+    # C1 is X's only winning cell, by the lines listed by hand and by OpenSpiel's own ending;
+    # O has no line to complete
+    assert winning_cells({"A1", "B1"}, empty) == ["C1"] and winning_cells({"B2", "C3"}, empty) == []
+    for name in empty:
+        after = state.clone()
+        after.apply_action(CELL[name])
+        assert (after.is_terminal() and after.returns()[0] == 1.0) == (name == "C1"), name
+    probs = beginner.action_probabilities(state, 0)
+    assert probs == pytest.approx({CELL[c]: (0.5 if c == "C1" else 0.0) + 0.5 / len(empty) for c in empty})
+    # O to move (X at A1, B1; O at B2) facing X's threat at C1, with no line of its own to
+    # complete: 0.4 on the block, 0.6 spread over the six empty cells.
+    state = state_after("A1", "B2", "B1")
     empty = ["C1", "A2", "C2", "A3", "B3", "C3"]
-    assert probs == pytest.approx({a: (0.5 if a == 2 else 0.0) + 0.5 / 6 for a in (2, 3, 5, 6, 7, 8)})
-    # O to move facing X's threat at C1 and with no win of its own: 0.4 on the block, 0.6 spread.
-    probs = beginner.action_probabilities(state_after("A1", "B2", "B1"), 1)
-    assert probs[2] == pytest.approx(0.4 + 0.6 / 6) and probs[3] == pytest.approx(0.6 / 6)
+    assert state.current_player() == 1 and sorted(cell_name(a) for a in state.legal_actions()) == sorted(empty)
+    assert winning_cells({"A1", "B1"}, empty) == ["C1"] and winning_cells({"B2"}, empty) == []
+    probs = beginner.action_probabilities(state, 1)
+    assert probs == pytest.approx({CELL[c]: (0.4 if c == "C1" else 0.0) + 0.6 / len(empty) for c in empty})
     # Both a win and a threat: the win first (0.5), then the block (0.5 * 0.4), the rest uniform.
     state = state_after("A1", "A2", "B1", "B2")  # X: A1 B1 (threat C1); O: A2 B2 (threat C2); X to move
     probs = beginner.action_probabilities(state, 0)
     rest = 0.5 * 0.6 / 5
     assert probs[2] == pytest.approx(0.5 + rest) and probs[5] == pytest.approx(0.5 * 0.4 + rest)
     assert sum(probs.values()) == pytest.approx(1.0) and set(probs) == set(state.legal_actions())
-    assert len(empty) == 6
 
 
 def test_the_beginner_checks_its_probabilities():
