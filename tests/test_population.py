@@ -54,20 +54,41 @@ def test_seating_follows_the_game(game, seats):
     assert (settings.population.seat_split, settings.game.num_players) == (0.25, seats)
 
 
+#: Kuhn cards, and the conservative player's ceilings counted by hand (it bets or calls only
+#: with K; chips, antes of 1). Seat 0 (the agent acts first), best response per card: J bets
+#: (Q folds +1, K calls -2: -1/2), Q checks and folds to a bet (J checks +1, K bets -1: 0),
+#: K wins 1 either way: (-1/2 + 0 + 1) / 3 = 1/6. Seat 1: after a check the opponent holds J
+#: or Q (K would have bet), so J bets (Q folds: +1) and folds to a bet (-1), Q wins +1 or folds
+#: -1, K wins 1: (0 + 0 + 1) / 3 = 1/3. Seeing both cards, the agent wins every deal but those
+#: where the opponent holds K and the agent does not: 4 of 6 in either seat.
+J, Q, K = 0, 1, 2
+CONSERVATIVE_PAYOFF = {0: 1 / 6, 1: 1 / 3}
+
+
 def test_kuhn_manifest(tmp_path):
-    manifest = seed_population(load_settings(["game=kuhn_poker"]), progress=False)
+    settings = load_settings(["game=kuhn_poker"])
+    manifest = seed_population(settings, progress=False)
     path = write_manifest(manifest, tmp_path / "population" / "kuhn_poker.json")
-    assert load_manifest(path) == json.loads(path.read_text())
+    assert load_manifest(path) == json.loads(json.dumps(manifest))  # what was seeded, read back whole
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
     by_id = {o["id"]: o for o in manifest["opponents"]}
+    assert {i: (o["split"], o.get("share")) for i, o in by_id.items() if o["split"] == "train"} == {
+        "conservative": ("train", 0.3), "aggressive": ("train", 0.3), "intermediate": ("train", 0.4)}
     conservative = by_id["conservative"]
-    assert conservative["split"] == "train" and conservative["share"] == 0.3 and conservative["deterministic"]
-    seat0 = conservative["ceilings"]["seat_0"]
-    assert seat0["best_response_payoff"]["method"] == "exact"
-    # scaled return = 5 x chips
-    assert seat0["best_response_return"]["value"] == pytest.approx(5 * seat0["best_response_payoff"]["value"])
-    mean = conservative["ceilings"]["mean"]["max_win_probability"]
-    assert mean == pytest.approx(0.5 * seat0["max_win_probability"]["value"] + 0.5 * conservative["ceilings"]["seat_1"]["max_win_probability"]["value"])
+    assert conservative["deterministic"] and conservative["explicit_policy"]
+    scale = settings.game.params["payoff_scale"]
+    assert scale == 5.0  # the method's Kuhn return: 5 x chips
+    deals = [(a, b) for a in (J, Q, K) for b in (J, Q, K) if a != b]
+    for seat, payoff in CONSERVATIVE_PAYOFF.items():
+        figures = conservative["ceilings"][f"seat_{seat}"]
+        assert figures["best_response_payoff"] == {"value": pytest.approx(payoff), "method": "exact"}
+        assert figures["best_response_return"] == {"value": pytest.approx(scale * payoff), "method": "exact"}
+        # per deal, keyed by OpenSpiel's history of the deal (player 0's card, player 1's)
+        by_deal = {f"{cards[0]}, {cards[1]}": 0.0 if cards[1 - seat] == K else 1.0 for cards in deals}
+        assert figures["max_win_probability"] == {"value": pytest.approx(4 / 6), "method": "exact",
+                                                  "per_initial_state": by_deal}
+    assert conservative["ceilings"]["mean"] == pytest.approx(
+        {"best_response_payoff": 1 / 4, "best_response_return": 5 / 4, "max_win_probability": 4 / 6})
     # Seeding is deterministic: equal config, equal bytes.
     again = write_manifest(seed_population(load_settings(["game=kuhn_poker"]), progress=False), tmp_path / "again.json")
     assert again.read_bytes() == path.read_bytes()
