@@ -1,7 +1,8 @@
-"""Ceilings: the best any player could do against a fixed opponent (MAGE-SPEC section 7).
+"""Ceilings: the best any player could do against a fixed opponent (docs/method.md, The
+metrics).
 
 Two numbers per (game, opponent, agent seat), both in raw game units (chips, +-1) and
-scaled to the spec's episode return:
+scaled to the episode return:
 
 * ``best_response_payoff``: the expected payoff of OpenSpiel's best response to the
   opponent's policy. The best responder sees only what the rules show it.

@@ -5,7 +5,7 @@ whole groups (half seated second, where the game has two seats), so the pooled r
 split has a known precision (384 meta-episodes: a 95% half-width of at most 0.05) whatever
 the number of opponents. Initial states are drawn from the evaluation seed only, so two
 checkpoints are evaluated on the same deals, boards and levels (a paired comparison). Sampling uses the evaluation settings
-(MAGE-SPEC section 5: temperature 0.7, top-p 0.8, top-k 20) and may play more episodes
+(docs/method.md, The policy update: temperature 0.7, top-p 0.8, top-k 20) and may play more episodes
 than training (``episodes``). The result is an ordinary trajectory table; metrics come
 from ``mage.rollout.metrics``.
 

@@ -1,4 +1,4 @@
-"""The generalisation report of a checkpoint beside the policy it started from (MAGE-SPEC 7).
+"""The generalisation report of a checkpoint beside the policy it started from (docs/method.md, The metrics).
 
 Input: evaluation trajectory tables per opponent split, of the evaluated checkpoint and
 (optionally) of the starting policy (the tiny warm start, or a hub preset's base model),

@@ -22,7 +22,7 @@ import pytest  # noqa: E402  (the environment above must be set before any impor
 
 # -- settings for tests that build one section by hand ------------------------------------
 # Sections have no defaults (params/ holds them): a test that needs one section builds it
-# here, with the spec's values (MAGE-SPEC 2-5) or params/'s, and changes what it tests.
+# here, with the method's values (docs/method.md) or params/'s, and changes what it tests.
 def sampling(**changes):
     """Plain sampling: temperature 1, no top-p or top-k filter, 256 new tokens, phase stops."""
     from mage.sections import SamplingSettings
@@ -32,7 +32,7 @@ def sampling(**changes):
 
 
 def rollout_config(**changes):
-    """The spec's meta-episodes: 3 episodes, groups of 8, early stop, reflections only, the same
+    """The method's meta-episodes: 3 episodes, groups of 8, early stop, reflections only, the same
     initial state, prompts of up to 4096 tokens (oldest episodes dropped beyond), all at once."""
     from mage.sections import RolloutConfig
 
@@ -50,7 +50,7 @@ def defaults(*overrides: str):
 
 
 def algo_config(**changes):
-    """params/algo/mage.yaml's settings (the spec's), with ``changes``."""
+    """params/algo/mage.yaml's settings (the method's), with ``changes``."""
     import dataclasses
 
     return dataclasses.replace(defaults().algo, **changes)

@@ -19,7 +19,7 @@ from mage.opponents import make
 J, Q, K = 0, 1, 2
 DEALS = [(a, b) for a in range(3) for b in range(3) if a != b]
 
-# P(BET | card, facing a bet?) for the spec's rules, written out again for this test.
+# P(BET | card, facing a bet?) for the population's rules, written out again for this test.
 KUHN_RULES = {
     "conservative": lambda card, facing: float(card == K),
     "aggressive": lambda card, facing: float(not facing or card != J),

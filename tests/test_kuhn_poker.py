@@ -15,7 +15,7 @@ from mage.protocol import parse_action
 J, Q, K = 0, 1, 2
 PASS, BET = 0, 1
 
-# What each rule does, written from the spec's sentences (MAGE-SPEC section 6), per
+# What each rule does, written from its description (docs/method.md, The environments), per
 # information state (own card, betting so far) -> action. "" and "p" are decisions with no
 # bet outstanding; "b" and "pb" face a bet.
 SITUATIONS = ["", "p", "b", "pb"]

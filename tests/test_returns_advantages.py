@@ -1,4 +1,4 @@
-"""Returns and advantages against tables worked by hand (MAGE-SPEC sections 3-4).
+"""Returns and advantages against tables worked by hand (docs/method.md, Rewards and returns, Advantages).
 
 The batch (gamma_step 0.5, gamma_traj 0.25, invalid penalty 1, no length penalty):
 

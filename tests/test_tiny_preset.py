@@ -160,7 +160,7 @@ def test_the_warm_start_is_cloned_on_new_levels_under_a_fixed_training_set():
 def test_the_length_penalty_spares_the_longest_reflection_of_the_sokoban_teacher():
     """A Sokoban reflection lists every move of the episode. Under `+experiment=sokoban_long`
     the longest the warm start's teacher writes (every move of every turn blocked) fits under
-    half the response limit, where the length penalty starts (MAGE-SPEC 3), counted by the
+    half the response limit, where the length penalty starts (docs/method.md, Rewards and returns), counted by the
     preset's own tokenizer, and the warm start's check samples with that limit. The default
     Sokoban preset keeps the other games' 128, which does penalise it (params/model_game/tiny/sokoban.yaml)."""
     from mage.backends.scripted import ScriptedBackend

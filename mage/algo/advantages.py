@@ -1,4 +1,4 @@
-r"""Advantages of a trajectory table (MAGE-SPEC section 4). Input: ``add_returns``'s output.
+r"""Advantages of a trajectory table (docs/method.md, Advantages). Input: ``add_returns``'s output.
 
 ``algo.estimator`` names a function registered in :data:`ESTIMATORS` (as verl's
 ``core_algos`` registers its estimators): a new one is one function decorated with
@@ -31,7 +31,7 @@ term's mean and std are taken over every call against opponent m in the batch in
 over the group (the step term's anchors already include the opponent).
 
 ``episode_baseline: per_episode`` takes the episode term's mean and std over the scope's
-calls of the same episode number only. Pooled (the spec), the baseline is one number for
+calls of the same episode number only. Pooled (the paper's), the baseline is one number for
 calls that expect very different scores: under the differential reward with early stop, an
 episode after a loss scores R_n + 10 >= 0, so every call of episode 1 starts far below the
 mean. Both are baselines in the policy-gradient sense (neither depends on the call's reply
@@ -46,9 +46,9 @@ statistics taken over the group's meta-episodes (or the mean-only version with
 
 ``negative_weight`` (default 1, the method) scales every negative ``advantage`` last, for
 either estimator; ``advantage_episode`` and ``advantage_step`` keep their unscaled values.
-Below 1 it departs from MAGE-SPEC: the update leans on the calls that did better than their
-baseline. It is meant for a policy that rarely succeeds, where the few successes raise the
-mean and most calls sit a little below it. At 0 only positive advantages remain, akin to
+Below 1 it departs from the method (docs/method.md, Deviations): the update leans on the
+calls that did better than their baseline. It is meant for a policy that rarely succeeds,
+where the few successes raise the mean and most calls sit a little below it. At 0 only positive advantages remain, akin to
 self-imitation learning's (R - V)+ (Oh et al. 2018) without its replay buffer. On Sokoban's
 reading warm start it did not help (BENCHMARKS.md, "Self-imitation, and where the updates
 go").

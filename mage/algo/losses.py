@@ -1,4 +1,4 @@
-r"""Token-level losses of the policy update (MAGE-SPEC section 5), CleanRL-style.
+r"""Token-level losses of the policy update (docs/method.md, The policy update), CleanRL-style.
 
 For every response token t of call i, with advantage A_i broadcast over its tokens:
 

@@ -1,4 +1,4 @@
-r"""Rewards and returns of a trajectory table (MAGE-SPEC section 3).
+r"""Rewards and returns of a trajectory table (docs/method.md, Rewards and returns).
 
 ``add_returns(table, cfg, penalties)`` adds four columns (see ``mage.rollout.schema``):
 
@@ -41,8 +41,8 @@ ORDER = [*META_EPISODE, "episode", "turn"]
 
 @dataclass(frozen=True)
 class Penalties:
-    """What a call is penalised for (MAGE-SPEC 3): c_inv and c_len are the game's
-    (``game.invalid_penalty``, ``game.length_penalty``), L_max the sampling limit."""
+    """What a call is penalised for (docs/method.md, Rewards and returns): c_inv and c_len are
+    the game's (``game.invalid_penalty``, ``game.length_penalty``), L_max the sampling limit."""
 
     invalid: float  # c_inv per invalid reply
     length: float  # c_len

@@ -136,7 +136,7 @@ def random_model(
 
 
 # -- building the preset -----------------------------------------------------------------
-#: The meta-episodes the warm start is cloned and checked on: the spec's defaults (N = 3,
+#: The meta-episodes the warm start is cloned and checked on: the method's defaults (N = 3,
 #: reflections, early stop). Not the run's engine settings: every algorithm of a game, MAGE
 #: and its single-episode baselines alike, starts from the same warm start.
 WARM_START_ROLLOUT = RolloutConfig(episodes=3, group_size=4, early_stop=True, context_mode="reflection_only",

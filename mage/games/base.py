@@ -130,7 +130,7 @@ def _actor_label(actor: str) -> str:
 class Game(ABC):
     """A game: rules text, initial states and episodes.
 
-    ``payoff_scale`` turns the game's raw utility into the spec's episode return
+    ``payoff_scale`` turns the game's raw utility into the episode return of docs/method.md
     (Kuhn: 5 x chips; Tic-Tac-Toe: 10 x {-1, 0, 1}; Sokoban: 10 on success).
     """
 

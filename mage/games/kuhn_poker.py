@@ -110,7 +110,7 @@ class KuhnEpisode(OpenSpielEpisode):
 
     def action_aliases(self) -> dict[str, int]:
         aliases = super().action_aliases()
-        if aliases:  # the spec's generic names are accepted in every situation
+        if aliases:  # the generic pass and bet are accepted in every situation (docs/method.md, The meta-episode)
             aliases.update({"pass": PASS, "bet": BET})
         return aliases
 

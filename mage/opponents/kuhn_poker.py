@@ -1,4 +1,4 @@
-"""Kuhn Poker opponents (MAGE-SPEC section 6).
+"""Kuhn Poker opponents (docs/method.md, The environments).
 
 A rule-based player is a table: for its card (J, Q, K) and situation ("open": nobody has
 bet yet; "facing_bet": an unanswered bet) the probability of BET (bet or call). The

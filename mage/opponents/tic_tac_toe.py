@@ -1,4 +1,4 @@
-"""Tic-Tac-Toe opponents (MAGE-SPEC section 6).
+"""Tic-Tac-Toe opponents (docs/method.md, The environments).
 
 Training population: OpenSpiel's MCTS bot (uct_c 1.4, 100 simulations, random-rollout
 evaluator, solving on), six preferred-pattern players (first empty cell of a priority

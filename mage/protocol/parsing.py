@@ -2,7 +2,7 @@
 
 Model output is untrusted input. Every function here takes any string (empty, huge,
 binary-looking, with nested or unclosed tags) and returns a result; none of them raises
-or evaluates anything. Rules (MAGE-SPEC section 2):
+or evaluates anything. Rules (docs/method.md, The meta-episode):
 
 * Completed ``<think>...</think>`` blocks are removed first (Qwen3 thinking may quote
   tags while deliberating); an unclosed ``<think>`` swallows the rest of the reply.

@@ -1,7 +1,7 @@
 """The meta-episode engine: many meta-episodes at once, one table row per LLM call.
 
 A meta-episode is N episodes against one hidden opponent from the same initial state,
-with a reflection between episodes (MAGE-SPEC section 2)::
+with a reflection between episodes (docs/method.md, The meta-episode)::
 
     play(1) -> reflect -> play(2) -> reflect -> ... -> play(N)
 

@@ -1,4 +1,4 @@
-"""Metrics from a trajectory table (MAGE-SPEC section 7), per opponent and per episode k.
+"""Metrics from a trajectory table (docs/method.md, The metrics), per opponent and per episode k.
 
 Definitions (``episodes`` = meta-episodes of the opponent):
 

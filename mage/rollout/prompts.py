@@ -1,4 +1,4 @@
-"""Prompts of a meta-episode (MAGE-SPEC section 2).
+"""Prompts of a meta-episode (docs/method.md, The meta-episode).
 
 Every turn the prompt is rebuilt from scratch as one user message:
 

@@ -37,7 +37,7 @@ separated by commas, for example <action>up, left, left</action>.
 - Your score: {score}"""
 SCORE = "+{payoff:g} if all boxes are on targets before the turns run out, otherwise 0."
 # game.params.box_reward: gym-sokoban's +1 / -1 per box pushed onto / off a target, summed
-# over the episode (MAGE-SPEC 3 puts an episode's return on its last step)
+# over the episode (an episode's return sits on its last step: docs/method.md, Rewards and returns)
 SCORE_WITH_BOXES = ("+{box:g} for each box you push onto a target and -{box:g} for each you push off one; "
                     "+{payoff:g} more if all boxes are on targets before the turns run out.")
 
