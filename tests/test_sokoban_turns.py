@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from test_sokoban import episode_for
 from test_sokoban_benchmarks import run_script
 
+from mage.games.sokoban import solve
 from mage.games.sokoban.generator import generate_level
-from mage.games.sokoban.level import Level
+from mage.games.sokoban.level import MOVE_NAMES, Level
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import sokoban_turns  # noqa: E402
@@ -124,10 +125,53 @@ def test_reading_a_board_never_raises(text):
     assert level is None or isinstance(level, Level)
 
 
+def shortest_by_brute_force(level: Level) -> int | None:
+    """Moves of a shortest solution by a plain breadth-first search over the positions the
+    game's own moves reach (no pruning, no solver): the independent check of ``solve``."""
+    seen = {(level.player, level.boxes)}
+    frontier, depth = [level], 0
+    while frontier:
+        if any(position.is_solved for position in frontier):
+            return depth
+        following = []
+        for position in frontier:
+            for name in MOVE_NAMES:
+                after, _ = position.move(name)
+                if (after.player, after.boxes) not in seen:
+                    seen.add((after.player, after.boxes))
+                    following.append(after)
+        frontier, depth = following, depth + 1
+    return None
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 3), st.sampled_from([(6, 6), (11, 7)]))
 def test_a_generated_levels_observation_reads_back_as_the_level(seed, boxes, dim):
-    """Also on a board of 10 rows or more, whose row numbers are drawn right-aligned."""
+    """Also on a board of 10 rows or more, whose row numbers are drawn right-aligned. The
+    solver's moves, played in the game, solve the level; on the 6x6 rooms (a few hundred
+    positions) no solution is shorter than theirs."""
     level, optimal_moves = generate_level(seed, dim, num_boxes=boxes)
     assert sokoban_turns.board_seen(episode_for(level).observation()) == level
-    assert sokoban_turns.distance(level) == optimal_moves
+    moves = solve(level)
+    episode = episode_for(level)
+    episode.apply_agent_actions([MOVE_NAMES.index(m) for m in moves])
+    assert episode.solved and len(episode.history) == len(moves)  # solved only at its last move
+    assert sokoban_turns.distance(level) == len(moves) == optimal_moves
+    if dim == (6, 6):
+        assert shortest_by_brute_force(level) == len(moves)
+
+
+def test_the_solver_is_as_short_as_a_brute_force_search():
+    """The hand-counted levels, and generated levels of each box count, against a search
+    that knows only the moves: a longer solution than the shortest, or one that does not
+    solve the level, fails."""
+    assert shortest_by_brute_force(Level.from_text(ROUND)) == 7  # counted by hand above
+    assert shortest_by_brute_force(Level.from_text(PUSH_OFF)) == 1
+    for boxes in (1, 2, 3):
+        for seed in range(5):
+            level, _ = generate_level(seed, (6, 6), num_boxes=boxes)
+            moves = solve(level)
+            position = level
+            for name in moves:
+                position, _ = position.move(name)
+            assert position.is_solved and len(moves) == shortest_by_brute_force(level), (boxes, seed)

@@ -10,10 +10,10 @@ Each run happens in its own subprocess (its own peak memory and wall time).
 Then the training step's throughput: one update on the same trajectory table with
 length-bucketed micro-batches and with plain fixed-size padded ones, side by side.
 
-    python benchmarks/learning_kuhn.py                     # 3 seeds x {mage, grpo}
-    python benchmarks/learning_kuhn.py --seeds 0 --iterations 5 --eval-groups 8   # smoke run
+    python benchmarks/investigations/learning_kuhn.py      # 3 seeds x {mage, grpo}
+    python benchmarks/investigations/learning_kuhn.py --seeds 0 --iterations 5 --eval-groups 8   # smoke run
 
-The defaults are the configuration that met the issue's criterion (BENCHMARKS.md, run D):
+The defaults are the configuration that met the issue's criterion (docs/notes/findings.md, run D):
 groups of 8 meta-episodes as in the paper (MAGE-SPEC sections 4 and 8), 24 groups per
 iteration and PPO mini-batches of 96 calls. That is about 10 optimizer steps per iteration,
 as with 16 groups and mini-batches of 64, but each step averages 1.5x the samples, so there
@@ -22,7 +22,7 @@ here. ``--groups 16 --group-size 4 --mini-batch-size 32`` runs the lifecycle's l
 Per-run results (evaluation per opponent, training curves' last values) are written to
 ``<out>/runs.json``.
 
-Prints Markdown tables (paste them into BENCHMARKS.md with the machine line).
+Prints Markdown tables.
 """
 
 from __future__ import annotations
