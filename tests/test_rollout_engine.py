@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import polars as pl
 import pytest
 from conftest import rollout_config, sampling
@@ -194,11 +195,52 @@ def test_groups_seats_and_batched_calls():
     first_calls = table.filter((pl.col("episode") == 1) & (pl.col("turn") == 1))
     for seat, observation in first_calls.select("seat", "observation").iter_rows():
         assert ("1. Opponent:" in observation) == (seat == 1)
-    # Sequential baseline: one request per backend call, same trajectories.
+    # Sequential baseline: one request per backend call, the same planned work: every planned
+    # meta-episode, with its group, opponent, seat and initial state.
     batches.clear()
     sequential, _ = run(specs, "random", rollout_config(group_size=4, concurrency=1), backend=Spy("random", seed=0))
-    assert set(batches) == {1}
-    assert sequential.height > 0
+    assert set(batches) == {1} and len(batches) == sequential.height
+    plan = ["meta_id", "group_id", "opponent", "seat", "seed", "initial_state"]
+    planned = [(s.meta_id, s.group_id, s.entry.id, s.seat, s.seed) for s in specs]
+    for played in (table, sequential):
+        per_meta = played.select(plan).unique().sort("meta_id")
+        assert [row[:5] for row in per_meta.iter_rows()] == planned
+        assert per_meta["initial_state"].n_unique() == 10  # one deal per group
+    assert per_meta.equals(table.select(plan).unique().sort("meta_id"))
+    # The replies differ (149 rows batched, 166 sequential here): this backend draws every reply from
+    # one generator in the order the calls come, a step of every live meta-episode at a time
+    # batched, one meta-episode to its end after another sequentially. Sequential is exactly
+    # the meta-episodes played one by one with one generator; with a seed per call (the
+    # engine's, which vllm uses) both modes play the same rows: see the test below.
+    one_by_one = ScriptedBackend("random", seed=0)
+    alone = pl.concat([run([spec], "random", rollout_config(group_size=4), backend=one_by_one)[0] for spec in specs])
+    assert sequential.equals(alone)
+
+
+class SeededPerCall(ScriptedBackend):
+    """The scripted rule drawing each reply from its request's own seed, as vllm samples."""
+
+    def generate(self, requests, sampling):
+        replies = []
+        for request in requests:
+            self.rng = np.random.default_rng(request.seed)
+            replies += super().generate([request], sampling)
+        return replies
+
+
+def test_batched_and_sequential_play_the_same_rows_with_a_seed_per_call():
+    """The engine derives each call's seed from the rollout's seed, the meta-episode and its
+    call number, never from the batch: with a backend that samples by it, the batched engine
+    and the sequential loop give the same table, row for row (a random opponent included)."""
+    held_out = [e for e in population_entries(KUHN) if e.split == "held_out"]  # stochastic players among them
+    specs = plan_meta_episodes(held_out, num_groups=10, group_size=4, seed=5, seat_split=0.5)
+    tables = []
+    for concurrency in (None, 1, 3):
+        engine = RolloutEngine(SeededPerCall("random"), rollout_config(group_size=4, concurrency=concurrency),
+                               KUHN.game.params)
+        tables.append(engine.run(specs, sampling(seed=7), progress=False))
+    assert tables[0].height > len(specs) and {"random", "cfr_sampled"} <= set(tables[0]["opponent"])
+    assert tables[1].equals(tables[0]) and tables[2].equals(tables[0])
 
 
 def test_tic_tac_toe_and_sokoban_rollouts():
