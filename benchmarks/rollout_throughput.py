@@ -9,6 +9,14 @@ here; its engine start is timed apart, not in the rollout). Each mode runs in it
 subprocess so its peak memory (max RSS, vLLM's engine process included) is its own; the
 ratios come from the same invocation.
 
+The same planned work, not the same replies: every mode plays the same meta-episodes (groups,
+opponents, seats, deals; checked through a digest of the plan), but ``hf`` seeds a whole
+backend call, not each request, so a reply depends on the batch it was sampled in and the
+modes sample different replies. Meta-episodes then end after different numbers of calls
+(early stop, invalid replies) and tokens. So the ratios are per generated token and per LLM
+call, and each mode's calls and tokens are printed beside them; meta-episodes per second is
+shown but compares different amounts of decoding.
+
     python benchmarks/rollout_throughput.py                 # random tiny-size model
     python benchmarks/rollout_throughput.py --model-dir artifacts/models/tiny-kuhn_poker
     python benchmarks/rollout_throughput.py --modes batched vllm
@@ -19,6 +27,7 @@ Prints a Markdown table (paste it into BENCHMARKS.md with the machine line).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -81,10 +90,14 @@ def worker(args: argparse.Namespace) -> None:
                        max_new_tokens=args.max_new_tokens, seed=args.seed)
     table = engine.run(specs, sampling, progress=False)
     stats = engine.last_stats
+    planned = table.select("meta_id", "group_id", "opponent", "seat", "initial_state").unique().sort("meta_id")
     print(json.dumps({
         "mode": args.worker,
         "meta_episodes": stats.meta_episodes,
+        "plan": hashlib.sha256(planned.write_csv().encode()).hexdigest(),
         "calls": stats.calls,
+        "play_calls": int((table["phase"] == "play").sum()),
+        "reflect_calls": int((table["phase"] == "reflect").sum()),
         "backend_calls": stats.backend_calls,
         "generated_tokens": stats.generated_tokens,
         "seconds": stats.total_seconds,
@@ -134,18 +147,38 @@ def main() -> None:
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{args.threads} threads; model: {args.model_dir or 'random tiny-size Qwen2'}; {time.strftime('%Y-%m-%d')}")
-    print(f"workload: {args.metas} Kuhn meta-episodes, N={args.episodes}, max_new_tokens={args.max_new_tokens}\n")
-    print("| mode | backend | calls | backend calls | engine start (s) | meta-episodes/s | generated tokens/s "
-          "| outside generation | peak RSS (MiB) | meta-episodes/s vs batched hf |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    rate = {mode: r["meta_episodes"] / r["seconds"] for mode, r in results.items()}
+    plans = {r["plan"] for r in results.values()}
+    if len(plans) != 1:
+        raise SystemExit(f"the modes played different planned meta-episodes: {plans}")
+    print(f"workload: {args.metas} Kuhn meta-episodes, N={args.episodes}, max_new_tokens={args.max_new_tokens}; "
+          "the same planned meta-episodes in every mode, sampled replies differ (calls and tokens below)\n")
+    print("| mode | backend | LLM calls (play / reflect) | generated tokens | backend calls | engine start (s) "
+          "| meta-episodes/s | LLM calls/s | generated tokens/s | outside generation | peak RSS (MiB) "
+          "| generated tokens/s vs batched hf |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    tokens = {mode: r["generated_tokens"] / r["seconds"] for mode, r in results.items()}
     for mode, r in results.items():
-        versus = f"{rate[mode] / rate['batched']:.2f}x" if "batched" in rate else ""
-        print(f"| {mode} | {'vllm' if mode == 'vllm' else 'hf'} | {r['calls']} | {r['backend_calls']} | "
-              f"{r['start_seconds']:.1f} | {rate[mode]:.2f} | {r['generated_tokens'] / r['seconds']:.0f} | "
+        versus = f"{tokens[mode] / tokens['batched']:.2f}x" if "batched" in tokens else ""
+        print(f"| {mode} | {'vllm' if mode == 'vllm' else 'hf'} | {r['calls']} ({r['play_calls']} / "
+              f"{r['reflect_calls']}) | {r['generated_tokens']} | {r['backend_calls']} | {r['start_seconds']:.1f} | "
+              f"{r['meta_episodes'] / r['seconds']:.2f} | {r['calls'] / r['seconds']:.1f} | {tokens[mode]:.0f} | "
               f"{100 * r['outside_generation_share']:.1f}% | {r['max_rss_mib']:.0f} | {versus} |")
-    if "batched" in rate and "sequential" in rate:
-        print(f"\nbatched / sequential meta-episodes/s: {rate['batched'] / rate['sequential']:.1f}x")
+    if "batched" in results and "sequential" in results:
+        print("\n" + speedup_line(results["batched"], results["sequential"]))
+
+
+def speedup_line(batched: dict, sequential: dict) -> str:
+    """Batched over sequential per generated token and per LLM call, with what each mode
+    played beside the ratios (meta-episodes per second compares different decoding work)."""
+    def rate(result: dict, key: str) -> float:
+        return result[key] / result["seconds"]
+
+    return (f"batched / sequential: {rate(batched, 'generated_tokens') / rate(sequential, 'generated_tokens'):.1f}x "
+            f"generated tokens/s, {rate(batched, 'calls') / rate(sequential, 'calls'):.1f}x LLM calls/s "
+            f"({rate(batched, 'meta_episodes') / rate(sequential, 'meta_episodes'):.1f}x meta-episodes/s); "
+            f"the same {batched['meta_episodes']} planned meta-episodes, different sampled replies: "
+            f"batched {batched['calls']} calls and {batched['generated_tokens']} tokens, "
+            f"sequential {sequential['calls']} calls and {sequential['generated_tokens']} tokens")
 
 
 if __name__ == "__main__":
