@@ -3,8 +3,8 @@
 and the files that name a setting where it is declared or read, for one key of ``train`` and
 for one whole section: what adding such a key or section has to touch.
 
-    python benchmarks/structure.py                 # this checkout
-    python benchmarks/structure.py ../other-clone  # another one (an older commit, say)
+    python benchmarks/investigations/structure.py                 # this checkout
+    python benchmarks/investigations/structure.py ../other-clone  # another one (an older commit, say)
 
 The stand-ins are settings that exist in every version: ``train.grad_clip`` (a key only the
 trainer reads), named anywhere in ``mage/``, ``tasks/``, ``flows/``, ``params/``,
@@ -23,8 +23,8 @@ import re
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
 
 from test_architecture import cycles, import_graph  # noqa: E402
 
@@ -57,7 +57,7 @@ def files_declaring_the_section(root: Path, section: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkout", nargs="?", default=str(HERE.parent))
+    parser.add_argument("checkout", nargs="?", default=str(ROOT))
     parser.add_argument("--key", default="grad_clip", help="a key of train that only the trainer reads")
     parser.add_argument("--section", action="append", help="a section (default: eval and algo)")
     args = parser.parse_args()
