@@ -13,14 +13,15 @@ from mage.settings import SettingsError, load_settings
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_shows_the_trajectory_schema_as_the_code_defines_it():
-    assert describe() in (REPO / "README.md").read_text()
+def test_the_docs_show_the_trajectory_schema_as_the_code_defines_it():
+    assert describe() in (REPO / "docs" / "trajectory-table.md").read_text()
 
 
 def test_the_readme_names_the_two_commands_and_ci_runs_the_test_command():
     readme = (REPO / "README.md").read_text()
     assert "`bash scripts/run.sh`" in readme and "`bash scripts/test.sh`" in readme
     assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+    assert 'pytest -n 2 --dist loadfile -m "not e2e"' in readme  # the fast tier
 
 
 @pytest.mark.parametrize(
