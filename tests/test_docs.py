@@ -1,0 +1,571 @@
+"""The docs against the repository and the code: README.md and every docs/**/*.md.
+
+- every relative link resolves to a file of the repository, and its #anchor to a heading there;
+- nothing points outside the repository;
+- every path shown in code (`mage/placement.py`, `params/model_game/tiny/<game>.yaml`) exists;
+- every command shown (`python -m flows ...`, `python -m mage ...`, `bash scripts/...`,
+  `dvc ...`, `pytest ...`, `python benchmarks/...`) runs where it is cheap (`--help`,
+  `python -m mage config`, `python -m mage plan`), and otherwise names options that exist: its
+  command line parser accepts it, its Hydra overrides compose with `mage.settings.load_settings`,
+  the scripts and files it names exist. A transcript of a `config error:` shows the error the
+  settings give.
+
+A failure names the doc, the line and what is wrong. Placeholders (`<head>`, `DIR`, `N`, `...`)
+stand for any value: the option or key they are given to must exist, the value is not checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]
+
+#: What a doc may not contain: places outside the repository.
+OUTSIDE = re.compile(r"\.\./shared|MAGE-SPEC|(?<![\w.~-])/(?:work|tmp)(?![\w-])")
+#: Root folders that hold what runs write (ignored by git): paths under them are not checked.
+GENERATED = {"artifacts", ".venv", ".git"}
+#: A placeholder in a command or a path: <anything>, ..., or an upper-case word such as DIR or N.
+ANGLE = re.compile(r"<[^<>`]*>")
+PLACEHOLDER = "PLACEHOLDER"
+
+
+def is_placeholder(token: str) -> bool:
+    return PLACEHOLDER in token or "..." in token or re.fullmatch(r"[A-Z][A-Z_]*", token) is not None
+
+
+# --- reading a doc -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Span:
+    """A piece of a doc: prose (code spans removed), a code span, or a line of a fenced block."""
+
+    line: int
+    text: str
+    kind: str  # "prose", "code" (an inline code span) or "block:<language>"
+
+
+def spans(doc: Path) -> list[Span]:
+    """The doc's prose paragraphs, inline code spans and fenced code lines, each with its line."""
+    found: list[Span] = []
+    paragraph: list[tuple[int, str]] = []
+
+    def flush() -> None:
+        if not paragraph:
+            return
+        start, text = paragraph[0][0], "\n".join(line for _, line in paragraph)
+        for match in re.finditer(r"(`+)(.+?)\1", text, flags=re.S):
+            found.append(Span(start + text.count("\n", 0, match.start()), match.group(2).replace("\n", " ").strip(),
+                              "code"))
+        prose = re.sub(r"(`+)(.+?)\1", " ", text, flags=re.S)
+        for number, line in enumerate(prose.split("\n")):
+            found.append(Span(start + number, line, "prose"))
+        paragraph.clear()
+
+    fence: str | None = None
+    language = ""
+    for number, line in enumerate(doc.read_text().splitlines(), start=1):
+        stripped = line.strip()
+        if fence is not None:
+            if stripped.startswith(fence):
+                fence = None
+            else:
+                found.append(Span(number, line, f"block:{language}"))
+            continue
+        opening = re.match(r"(```+|~~~+)\s*(\S*)", stripped)
+        if opening:
+            flush()
+            fence, language = opening.group(1), opening.group(2).lower()
+        elif not stripped:
+            flush()
+        else:
+            paragraph.append((number, line))
+    flush()
+    return found
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+@functools.cache
+def anchors(doc: Path) -> frozenset[str]:
+    seen: dict[str, int] = {}
+    result = set()
+    in_fence = False
+    for line in doc.read_text().splitlines():
+        if re.match(r"\s*(```|~~~)", line):
+            in_fence = not in_fence
+            continue
+        heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if heading and not in_fence:
+            base = slug(heading.group(1))
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            result.add(base if count == 0 else f"{base}-{count}")
+    return frozenset(result)
+
+
+def where(doc: Path, line: int) -> str:
+    return f"{doc.relative_to(REPO)}:{line}"
+
+
+def in_repository(path: Path) -> bool:
+    """Whether ``path``, as written (``..`` folded, links not followed), stays in the repository."""
+    return Path(os.path.normpath(path)).is_relative_to(REPO)
+
+
+# --- links and paths -----------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*(\S+)")
+
+
+def check_link(doc: Path, line: int, target: str) -> list[str]:
+    if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:, ...
+        return []
+    path_text, _, anchor = target.partition("#")
+    path = (doc.parent / path_text) if path_text else doc
+    if path_text.startswith("/") or not in_repository(path):
+        return [f"{where(doc, line)}: the link {target!r} points outside the repository"]
+    if not path.exists():
+        return [f"{where(doc, line)}: the link {target!r} names {path.relative_to(REPO)}, which does not exist"]
+    if anchor and path.suffix == ".md" and anchor not in anchors(path):
+        return [f"{where(doc, line)}: the link {target!r}: {path.relative_to(REPO)} has no heading #{anchor} "
+                f"(its anchors: {', '.join(sorted(anchors(path)))})"]
+    return []
+
+
+def links(doc: Path) -> list[tuple[int, str]]:
+    found = []
+    for span in spans(doc):
+        if span.kind != "prose":
+            continue
+        found += [(span.line, match.group(1)) for match in LINK.finditer(span.text)]
+        reference = REFERENCE.match(span.text)
+        if reference:
+            found.append((span.line, reference.group(1)))
+    return found
+
+
+def named_path(text: str) -> str | None:
+    """The repository path a code span names (`mage/memory.py`, `docs/gpu.md#the-memory-plan`,
+    `BENCHMARKS.md`), else None: the first folder must be one of the repository's own."""
+    if re.search(r"\s", text) or "://" in text or text.startswith(("~", "-", "$", "/")):
+        return None
+    path = text.partition("#")[0]
+    first, slash, _ = path.partition("/")
+    if slash and first not in GENERATED and (REPO / first).is_dir():
+        return text
+    if not slash and re.fullmatch(r"[A-Z][A-Z_-]*\.md", path):  # README.md, BENCHMARKS.md
+        return text
+    return None
+
+
+def check_named_path(doc: Path, line: int, text: str) -> list[str]:
+    if "..." in text:
+        return []
+    path_text, _, anchor = text.partition("#")
+    pattern = ANGLE.sub("*", path_text).rstrip("/")
+    matches = list(REPO.glob(pattern)) if "*" in pattern else [REPO / pattern] if (REPO / pattern).exists() else []
+    if not matches:
+        return [f"{where(doc, line)}: `{text}` names a path that does not exist in the repository"]
+    if anchor and pattern.endswith(".md") and anchor not in anchors(matches[0]):
+        return [f"{where(doc, line)}: `{text}`: {pattern} has no heading #{anchor}"]
+    return []
+
+
+# --- commands ------------------------------------------------------------------------------
+
+#: Programs whose commands are checked; others (prefect, ray, export) are not.
+PROGRAMS = ("python -m flows.deploy", "python -m flows", "python -m mage", "python -m pytest", "pytest", "dvc",
+            "bash scripts/", "scripts/", "python benchmarks/", "python scripts/")
+
+
+@dataclass(frozen=True)
+class Command:
+    doc: Path
+    line: int
+    text: str
+    argv: tuple[str, ...]
+    error_shown: str | None = None  # a transcript's `config error:` line
+
+    def at(self) -> str:
+        return f"{where(self.doc, self.line)}: `{self.text}`"
+
+
+def parse_command(text: str) -> tuple[str, ...] | None:
+    """The command's words, environment assignments dropped and placeholders made one word;
+    None where it is not a command of :data:`PROGRAMS`."""
+    text = ANGLE.sub(PLACEHOLDER, text.strip().removeprefix("$ "))
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return None
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words.pop(0)
+    joined = " ".join(words)
+    if not any(joined.startswith(program) and len(joined) > len(program) if program.endswith("/")
+               else joined == program or joined.startswith(program + " ") for program in PROGRAMS):
+        return None
+    return tuple(words)
+
+
+def commands(doc: Path) -> list[Command]:
+    found: list[Command] = []
+    pending: list[tuple[int, str]] = []
+    all_spans = spans(doc)
+    for index, span in enumerate(all_spans):
+        if span.kind == "code":
+            argv = parse_command(span.text)
+            if argv:
+                found.append(Command(doc, span.line, span.text, argv))
+        elif span.kind in ("block:", "block:bash", "block:sh", "block:shell", "block:console"):
+            text = span.text.rstrip()
+            if text.endswith("\\"):
+                pending.append((span.line, text[:-1]))
+                continue
+            start = pending[0][0] if pending else span.line
+            whole = " ".join([*(part for _, part in pending), text])
+            pending.clear()
+            argv = parse_command(whole)
+            if not argv:
+                continue
+            following = all_spans[index + 1] if index + 1 < len(all_spans) else None
+            shown = None
+            if whole.lstrip().startswith("$ ") and following and following.kind == span.kind \
+                    and following.text.strip().startswith("config error:"):
+                shown = following.text.strip()
+            found.append(Command(doc, start, whole.strip(), argv, shown))
+    return found
+
+
+class Parsed(Exception):
+    """Raised in place of loading the settings: the command line parser accepted the command."""
+
+    def __init__(self, overrides):
+        super().__init__()
+        self.overrides = list(overrides or [])
+
+
+@dataclass(frozen=True)
+class Fixtures:
+    """What a command's check uses of pytest: patching, a scratch folder, the captured output
+    (read through capsys: redirecting sys.stderr by hand while Prefect first configures its
+    logging leaves pytest's capture closed)."""
+
+    monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path
+    capsys: pytest.CaptureFixture
+
+    def said(self) -> str:
+        """The last line written to stderr since the last call."""
+        lines = self.capsys.readouterr().err.strip().splitlines()
+        return lines[-1] if lines else ""
+
+
+def parses(main, argv: list[str], fixtures: Fixtures, module) -> tuple[list[str] | None, str]:
+    """Run a command line's ``main`` until it would load the settings: (its overrides, '') where
+    its parser accepts ``argv``, else (None, what the parser said)."""
+    def stop(overrides=(), config_file=None):
+        raise Parsed(overrides)
+
+    fixtures.said()
+    with fixtures.monkeypatch.context() as patch:
+        patch.setattr(module, "load_settings", stop)
+        try:
+            main(argv)
+        except Parsed as parsed:
+            return parsed.overrides, ""
+        except SystemExit as exit:
+            return None, fixtures.said() or f"exit status {exit.code}"
+    return None, "the command ran past its parser without loading the settings"
+
+
+@functools.cache
+def composed(overrides: tuple[str, ...]):
+    from mage.settings import load_settings
+
+    return load_settings(list(overrides))
+
+
+def check_overrides(overrides: list[str]) -> str | None:
+    """None where every Hydra override names a real key or group option (a placeholder value:
+    the key alone), else what is wrong."""
+    from mage.settings import SettingsError
+
+    overrides = [o for o in overrides if not (is_placeholder(o) and "=" not in o)]
+    concrete = tuple(o for o in overrides if not is_placeholder(o.partition("=")[2]))
+    try:
+        settings = composed(concrete)
+    except SettingsError as error:
+        return f"its overrides {list(concrete)} do not compose: {error}"
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        if not equals:
+            return f"{override!r} is not a Hydra override (key=value)"
+        if override in concrete:
+            continue
+        if override.startswith("+") or (REPO / "params" / key.lstrip("~")).is_dir():
+            continue  # a key it adds, or a config group's option
+        key = key.lstrip("~")
+        node = settings.raw
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return f"{key!r} (given a placeholder) is not a key of the composed config"
+            node = node[part]
+    return None
+
+
+@functools.cache
+def pytest_help() -> str:
+    return subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120).stdout
+
+
+@functools.cache
+def markers() -> frozenset[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return frozenset(m.split(":")[0].strip() for m in config["tool"]["pytest"]["ini_options"]["markers"])
+
+
+def check_pytest(args: list[str]) -> str | None:
+    words = iter(args)
+    for word in words:
+        if word == "-m":
+            expression = next(words, "")
+            unknown = set(re.findall(r"\w+", expression)) - {"and", "or", "not"} - markers()
+            if unknown:
+                return f"-m {expression!r}: {sorted(unknown)} are not registered markers (pyproject.toml)"
+        elif word.startswith("-"):
+            option = word.split("=")[0]
+            if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", pytest_help()):
+                return f"pytest has no option {option}"
+        elif ("/" in word or word.endswith(".py")) and not is_placeholder(word) \
+                and not (REPO / word.split("::")[0]).exists():
+            return f"{word} does not exist"
+    return None
+
+
+def check_dvc(args: list[str], fixtures: Fixtures) -> str | None:
+    from dvc.cli import DvcParserError, parse_args
+
+    if not args:
+        return None
+    fixtures.said()
+    try:
+        parsed = parse_args(args)
+    except (DvcParserError, SystemExit):
+        return f"dvc does not accept it: {fixtures.said()}"
+    return check_overrides(list(getattr(parsed, "set_param", None) or []))
+
+
+def check_flags_in_source(args: list[str], *sources: Path) -> str | None:
+    text = "".join(source.read_text() for source in sources if source.exists())
+    for word in args:
+        flag = word.split("=")[0]
+        negated = "--" + flag.removeprefix("--no-")  # argparse.BooleanOptionalAction's --no-X
+        if word.startswith("--") and f'"{flag}"' not in text \
+                and not (flag.startswith("--no-") and f'"{negated}", action=argparse.BooleanOptionalAction' in text):
+            return f"{word.split('=')[0]} is not an option of {', '.join(str(s.relative_to(REPO)) for s in sources)}"
+    return None
+
+
+def check_command(command: Command, fixtures: Fixtures) -> str | None:
+    """None where the command runs or names options that exist, else what is wrong."""
+    argv = list(command.argv)
+    if argv[:3] == ["python", "-m", "pytest"]:
+        argv = ["pytest", *argv[3:]]
+    if argv[:3] == ["python", "-m", "flows"]:
+        import flows.__main__
+        import mage.settings
+
+        args = argv[3:]
+        if not args or is_placeholder(args[0]):
+            return None
+        if args in (["--help"], ["-h"]):
+            with pytest.raises(SystemExit) as exit:
+                flows.__main__.main(args)
+            return None if exit.value.code == 0 else f"exit status {exit.value.code}"
+        overrides, said = parses(flows.__main__.main, args, fixtures, mage.settings)
+        if overrides is None:
+            return f"python -m flows does not accept it: {said}"
+        if command.error_shown:
+            return check_error_shown(command, overrides)
+        return check_overrides(overrides)
+    if argv[:3] == ["python", "-m", "flows.deploy"]:  # its parser is overrides and --limit N (importing it
+        args = argv[3:]                                # imports every flow: read, not imported)
+        return check_flags_in_source(args, REPO / "flows" / "deploy.py") or check_overrides(
+            [a for a in args if not a.startswith("-") and not re.fullmatch(r"\d+", a)])
+    if argv[:3] == ["python", "-m", "mage"]:
+        import mage.__main__
+        import mage.settings
+
+        args = argv[3:]
+        if not args or is_placeholder(args[0]):
+            return None
+        if args in (["--help"], ["-h"]):
+            with pytest.raises(SystemExit) as exit:
+                mage.__main__.main(args)
+            return None if exit.value.code == 0 else f"exit status {exit.value.code}"
+        overrides, said = parses(mage.__main__.main, args, fixtures, mage.settings)
+        if overrides is None:
+            return f"python -m mage does not accept it: {said}"
+        problem = check_overrides(overrides)
+        options = {a.split("=")[0] for a in args if a.startswith("-")}
+        if problem or args[0] not in ("config", "plan") or any(is_placeholder(a) for a in args) \
+                or not options <= {"--output", "--gpu-gib"}:
+            return problem  # only parsed: it is not cheap, or it would write where a test may not
+        # cheap: run it (--output goes to a temporary folder)
+        args = [str(fixtures.tmp_path / "config.yaml") if previous == "--output" else a
+                for previous, a in zip(["", *args[:-1]], args, strict=True)]
+        fixtures.said()
+        status = mage.__main__.main(args)
+        return None if status == 0 else f"exit status {status}: {fixtures.said()}"
+    if argv[0] == "pytest":
+        return check_pytest(argv[1:])
+    if argv[0] == "dvc":
+        return check_dvc(argv[1:], fixtures)
+    if argv[0] in ("bash", "python") or argv[0].startswith("scripts/"):
+        words = argv[1:] if argv[0] in ("bash", "python") else argv
+        script, args = REPO / words[0], words[1:]
+        if not script.is_file():
+            return f"{words[0]} does not exist"
+        if script.name == "run.sh":
+            return check_dvc(["exp", "run", *args], fixtures)
+        if script.name == "test.sh":
+            return check_pytest(args)
+        if script.suffix == ".sh":
+            return check_flags_in_source(args, script, script.with_suffix(".py"))
+        return check_flags_in_source(args, script)
+    return None
+
+
+def check_error_shown(command: Command, overrides: list[str]) -> str | None:
+    """A transcript's `config error:` line is the one the settings give for its overrides."""
+    from mage.settings import SettingsError, load_settings
+
+    try:
+        load_settings(overrides)
+    except SettingsError as error:
+        given = f"config error: {error}"
+        return None if given == command.error_shown else f"the settings now say {given!r}, not what is shown"
+    return "the shown config error does not happen: the overrides compose"
+
+
+# --- the tests -----------------------------------------------------------------------------
+
+IDS = [str(doc.relative_to(REPO)) for doc in DOCS]
+
+
+def test_the_docs_include_the_readme_and_the_reference_pages():
+    names = {doc.relative_to(REPO).as_posix() for doc in DOCS}
+    assert {"README.md", "docs/gpu.md", "docs/pipeline.md", "docs/trajectory-table.md"} <= names
+
+
+def test_the_readme_is_a_guide_of_at_most_300_lines():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 300
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_every_link_resolves_inside_the_repository(doc):
+    problems = [problem for line, target in links(doc) for problem in check_link(doc, line, target)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_nothing_points_outside_the_repository(doc):
+    problems = []
+    for number, line in enumerate(doc.read_text().splitlines(), start=1):
+        problems += [f"{where(doc, number)}: {match.group(0)!r} is outside the repository"
+                     for match in OUTSIDE.finditer(line)]
+        for match in re.finditer(r"(?:\.\./)+[\w.\-/]*", line):
+            if not in_repository(doc.parent / match.group(0)):
+                problems.append(f"{where(doc, number)}: {match.group(0)!r} leaves the repository")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_every_path_named_in_code_exists(doc):
+    problems = []
+    for span in spans(doc):
+        if span.kind == "code" and (text := named_path(span.text)):
+            problems += check_named_path(doc, span.line, text)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=IDS)
+def test_every_command_runs_or_names_options_that_exist(doc, monkeypatch, tmp_path, capsys):
+    problems = []
+    for command in commands(doc):
+        problem = check_command(command, Fixtures(monkeypatch, tmp_path, capsys))
+        if problem:
+            problems.append(f"{command.at()}: {problem}")
+    assert not problems, "\n".join(problems)
+
+
+# --- the checks themselves ------------------------------------------------------------------
+
+
+def test_the_checks_find_what_is_wrong(tmp_path, monkeypatch, capsys):
+    """A broken link, a missing anchor, a link outside, a missing file, an unknown key or option,
+    options after the overrides: each is reported, with the doc and the line. The page lives in
+    a copy of the repository's layout (its code folders linked, its docs copied)."""
+    root = tmp_path / "repo"
+    (root / "docs").mkdir(parents=True)
+    for name in ("mage", "params", "scripts", "tests", "flows", "pyproject.toml"):
+        (root / name).symlink_to(REPO / name)
+    for name in ("README.md", "docs/gpu.md"):
+        (root / name).write_text((REPO / name).read_text())
+    page = root / "docs" / "page.md"
+    page.write_text(
+        "# A page\n\n"
+        "[gone](missing.md) and [no heading](gpu.md#no-such-heading) and [here](#a-page) and\n"
+        "[up](../README.md#two-commands) and [out](../../elsewhere.md) and [web](https://example.org)\n\n"
+        "`mage/no_such_module.py` and `params/model_game/tiny/<game>.yaml` and `docs/gpu.md#the-memory-plan`\n\n"
+        "```bash\n"
+        "python -m flows train algo=nonesuch\n"
+        "python -m flows train --no-such-flag\n"
+        "python -m flows evaluate train.iterations=<N> --split held_out --out-dir DIR  # fine\n"
+        "python -m flows evaluate --split held_out train.iterations=2\n"
+        "dvc exp run -S train.no_such_key=1\n"
+        "bash scripts/gpu_check.sh --no-such-flag\n"
+        "pytest -m 'not e2e' tests/no_such_test.py\n"
+        "bash scripts/run.sh -S flow.no_such_key=<K>\n"
+        "```\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO", root)
+    broken = [problem for line, target in links(page) for problem in check_link(page, line, target)]
+    assert [p.split(": ")[0] for p in broken] == ["docs/page.md:3", "docs/page.md:3", "docs/page.md:4"], broken
+    assert "missing.md" in broken[0] and "#no-such-heading" in broken[1] and "outside" in broken[2]
+    paths = [p for s in spans(page) if s.kind == "code" and (text := named_path(s.text))
+             for p in check_named_path(page, s.line, text)]
+    assert len(paths) == 1 and paths[0].startswith("docs/page.md:6: `mage/no_such_module.py`"), paths
+    found = {c.line: check_command(c, Fixtures(monkeypatch, tmp_path, capsys)) for c in commands(page)}
+    assert sorted(found) == list(range(9, 17))
+    assert "algo" in found[9] and "--no-such-flag" in found[10] and found[11] is None
+    assert "unrecognized arguments" in found[12] and "no_such_key" in found[13]
+    assert "--no-such-flag" in found[14] and "no_such_test.py" in found[15] and "no_such_key" in found[16]
+    assert OUTSIDE.search("see ../shared/MAGE-SPEC.md") and OUTSIDE.search("cd /work/main")
+    assert not OUTSIDE.search("artifacts/work/x and docs/method.md")
+
+
+def test_a_transcript_s_config_error_is_the_one_the_settings_give(monkeypatch, tmp_path, capsys):
+    doc = REPO / "docs" / "pipeline.md"
+    shown = [c for doc in DOCS for c in commands(doc) if c.error_shown]
+    assert shown, "a doc shows a config error"
+    wrong = Command(doc, 1, "x", shown[0].argv, shown[0].error_shown.replace("must be", "should be"))
+    assert "not what is shown" in check_command(wrong, Fixtures(monkeypatch, tmp_path, capsys))
