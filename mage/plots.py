@@ -18,10 +18,28 @@ def _pyplot():
     return plt
 
 
+def whole_numbers(axis: Any) -> None:
+    """Ticks at whole numbers only, for an axis of iterations or episodes."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def evaluation_sampling(report: Mapping[str, Any]) -> str:
+    """Under an evaluation figure: its figures are at the evaluation's sampling."""
+    temperature = (report.get("about", {}).get("sampling") or {}).get("temperature")
+    at = "" if temperature is None else f" (temperature {temperature:g})"
+    return f"Evaluation at the evaluation sampling{at}, not the training rollouts' sampling."
+
+
 def plot_success_by_episode(report: Mapping[str, Any], path: str | Path) -> Path:
     """pass@k per opponent with its 95% interval, one panel per split: the evaluated policy
     solid, the starting policy dashed (when it was evaluated), and the ceiling of pass@k
     dotted, all in the opponent's colour."""
+    return _save(success_by_episode_figure(report), path)
+
+
+def success_by_episode_figure(report: Mapping[str, Any]) -> Any:
     plt = _pyplot()
     splits = list(report["splits"])
     fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.4), squeeze=False)
@@ -47,17 +65,21 @@ def plot_success_by_episode(report: Mapping[str, Any], path: str | Path) -> Path
             ax.plot(ks, [r["pass_at_k_ceiling"] for r in mine], linestyle=":", color=colour, alpha=0.8)
         ax.set_title(f"{split}: pass@k (solid, 95% CI), at the start (dashed), ceiling (dotted)", fontsize=9)
         ax.set_xlabel("episode k")
+        whole_numbers(ax.xaxis)
         ax.set_ylabel("won within the first k episodes")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return _save(fig, path)
+    return _with_note(fig, evaluation_sampling(report))
 
 
 def plot_gains(report: Mapping[str, Any], path: str | Path) -> Path:
     """Did it learn? Per opponent, the final-episode win rate (and win-or-draw rate where
     draws happen) at the start and now, with the 95% interval of the paired gain."""
+    return _save(gains_figure(report), path)
+
+
+def gains_figure(report: Mapping[str, Any]) -> Any:
     plt = _pyplot()
     splits = [s for s, body in report["splits"].items() if "gains" in body]
     fig, axes = plt.subplots(1, len(splits), figsize=(6.5 * len(splits), 4.4), squeeze=False)
@@ -85,13 +107,19 @@ def plot_gains(report: Mapping[str, Any], path: str | Path) -> Path:
         ax.set_title(f"{split}: final-episode success, start vs evaluated", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    return _save(fig, path)
+    return _with_note(fig, evaluation_sampling(report))
 
 
-def plot_learning_curves(history: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
+def plot_learning_curves(history: Sequence[Mapping[str, Any]], path: str | Path,
+                         training: Mapping[str, Any] | None = None) -> Path:
     """Per-iteration training curves: final-episode win rate per opponent, mean return,
-    invalid rate, and the update's KL and loss."""
+    invalid rate, and the update's KL and loss; under them ``training``'s sentence
+    (:func:`mage.report.training_summary`: the training rollouts' invalid replies and KL, at
+    the training sampling)."""
+    return _save(learning_curves_figure(history, training), path)
+
+
+def learning_curves_figure(history: Sequence[Mapping[str, Any]], training: Mapping[str, Any] | None = None) -> Any:
     plt = _pyplot()
     iterations = [m["iteration"] for m in history]
     opponents = sorted({k.split("/")[1] for m in history for k in m if k.startswith("rollout/") and k.endswith("/final_win_rate")})
@@ -118,11 +146,14 @@ def plot_learning_curves(history: Sequence[Mapping[str, Any]], path: str | Path)
     axes[1, 1].plot(iterations, [m.get("train/loss") for m in history], label="loss")
     axes[1, 1].set_title("update")
     axes[1, 1].legend(fontsize=7)
+    temperature = (training or {}).get("temperature")
+    fig.suptitle("training rollouts, at the training sampling"
+                 + ("" if temperature is None else f" (temperature {temperature:g})"), fontsize=10)
     for ax in axes.flat:
         ax.set_xlabel("iteration")
+        whole_numbers(ax.xaxis)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return _save(fig, path)
+    return _with_note(fig, (training or {}).get("sentence"))
 
 
 def moving_average(values: Sequence[float | None], window: int = 5) -> list[float | None]:
@@ -132,6 +163,19 @@ def moving_average(values: Sequence[float | None], window: int = 5) -> list[floa
         recent = [v for v in values[max(0, i - window + 1) : i + 1] if v is not None]
         out.append(sum(recent) / len(recent) if recent else None)
     return out
+
+
+def _with_note(fig: Any, note: str | None) -> Any:
+    """The figure laid out with ``note`` in words under its panels."""
+    import textwrap
+
+    if not note:
+        fig.tight_layout()
+        return fig
+    lines = textwrap.wrap(note, width=int(fig.get_figwidth() * 16))
+    fig.text(0.5, 0.01, "\n".join(lines), ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03 + 0.03 * len(lines), 1, 1))
+    return fig
 
 
 def _save(fig: Any, path: str | Path) -> Path:

@@ -16,7 +16,10 @@ split and per opponent (and pooled, ``all``):
   ``MIN_RETURN_CEILING``: a ratio to a loss or to nearly zero says nothing);
 * 95% intervals: Wilson for every rate (``<name>_ci``), a group bootstrap for mean returns
   and for paired differences (groups share an initial state, so they are the unit);
-* with the starting policy: its figures and the gain over it, paired by initial state.
+* with the starting policy: its figures and the gain over it, paired by initial state;
+* the training rollouts in words (``training``): their invalid-reply rate and the update's KL
+  to the reference over the last iterations, at the training sampling (its temperature), where
+  every other figure is at the evaluation sampling.
 
 Everything is a pure function of the tables and the manifest (bootstrap seeds are fixed),
 so the report's numbers can be recomputed from the trajectory tables alone.
@@ -41,6 +44,8 @@ META = ["run_id", "iteration", "meta_id"]
 RATES = ("first_win_rate", "final_win_rate", "final_draw_rate", "final_win_or_draw_rate")
 #: Figures compared with the starting policy, paired by initial state.
 COMPARED = ("final_win_rate", "final_win_or_draw_rate", "final_mean_return", "first_win_rate", "invalid_rate")
+#: The report's sentence on the training rollouts averages this many last iterations.
+TRAINING_WINDOW = 5
 
 
 # -- ceilings ------------------------------------------------------------------------------
@@ -238,13 +243,57 @@ def gains_over_start(final: pl.DataFrame, start: pl.DataFrame, manifest: Mapping
     return rows
 
 
+# -- the training rollouts ----------------------------------------------------------------
+def _mean(records: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in records if r.get(key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _figure(value: float | None) -> str:
+    return "not recorded" if value is None else f"{value:.3g}"
+
+
+def training_summary(history: Sequence[Mapping[str, Any]], temperature: float | None,
+                     window: int = TRAINING_WINDOW) -> dict[str, Any]:
+    """The training rollouts of the run (its ``metrics.jsonl`` records), in numbers and in
+    one sentence: the invalid-reply rate (``rollout/invalid_rate``) and the update's KL to
+    the reference (``train/kl``), each the mean over the last ``window`` recorded iterations,
+    and the invalid-reply rate of the first. They are at the training sampling (its
+    ``temperature``), not at the evaluation's, which the other figures use."""
+    records = sorted((r for r in history if r.get("iteration") is not None), key=lambda r: r["iteration"])
+    if not records:
+        return {"iterations": 0, "temperature": temperature,
+                "sentence": "Training rollouts: no training iteration is recorded for this run."}
+    last = records[-window:]
+    summary: dict[str, Any] = {
+        "iterations": len(records), "temperature": temperature,
+        "window": [last[0]["iteration"], last[-1]["iteration"]], "window_iterations": len(last),
+        "invalid_rate": _mean(last, "rollout/invalid_rate"), "kl": _mean(last, "train/kl"),
+        "first_iteration": records[0]["iteration"], "invalid_rate_first": _mean(records[:1], "rollout/invalid_rate"),
+    }
+    at = "" if temperature is None else f" (temperature {temperature:g})"
+    span = (f"iteration {last[0]['iteration']}, the last" if len(last) == 1 else
+            f"iterations {last[0]['iteration']}-{last[-1]['iteration']}, the last {len(last)}")
+    summary["sentence"] = (
+        f"Training rollouts{at}: invalid replies {_figure(summary['invalid_rate'])} over {span} "
+        f"({_figure(summary['invalid_rate_first'])} at iteration {summary['first_iteration']}), "
+        f"KL to the reference {_figure(summary['kl'])} over the same iterations. The training curves are at "
+        "the training sampling; "
+        "the evaluation figures at the evaluation sampling.")
+    return summary
+
+
 def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], about: Mapping[str, Any],
                  episodes: int, early_stop: bool = True,
-                 start_tables: Mapping[str, pl.DataFrame] | None = None) -> dict[str, Any]:
+                 start_tables: Mapping[str, pl.DataFrame] | None = None,
+                 history: Sequence[Mapping[str, Any]] = (), training_temperature: float | None = None
+                 ) -> dict[str, Any]:
     """The report as JSON-able data: ``about`` (what was evaluated, and where it started),
-    then per split the per-opponent summary, the per-episode table and, with
-    ``start_tables``, the starting policy's summary and the gains over it."""
-    report: dict[str, Any] = {"about": dict(about) | {"episodes": episodes, "early_stop": early_stop}, "splits": {}}
+    ``training`` (:func:`training_summary` of the run's ``history``, sampled at
+    ``training_temperature``), then per split the per-opponent summary, the per-episode table
+    and, with ``start_tables``, the starting policy's summary and the gains over it."""
+    report: dict[str, Any] = {"about": dict(about) | {"episodes": episodes, "early_stop": early_stop},
+                              "training": training_summary(history, training_temperature), "splits": {}}
     for split, table in tables.items():
         body = {"opponents": per_opponent(table, manifest, episodes, early_stop), "episodes": per_episode(table, manifest)}
         if start_tables is not None and split in start_tables:
@@ -297,5 +346,6 @@ def write_report(report: Mapping[str, Any], directory: str | Path, plots: bool =
         if any("gains" in body for body in report["splits"].values()):
             written["gains"] = plot_gains(report, directory / "gains.png")
         if history:
-            written["learning_curves"] = plot_learning_curves(history, directory / "learning_curves.png")
+            written["learning_curves"] = plot_learning_curves(history, directory / "learning_curves.png",
+                                                              report.get("training"))
     return written

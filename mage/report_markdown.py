@@ -70,10 +70,24 @@ def _episodes(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         for r in rows))
 
 
+def _sampling(report: Mapping[str, Any]) -> list[str]:
+    """Which sampling each figure is at, in words: the training rollouts' (``training``'s
+    sentence, beside learning_curves.png) and the evaluation's (every table below)."""
+    training = report.get("training")
+    temperature = (report["about"].get("sampling") or {}).get("temperature")
+    at = "" if temperature is None else f" (temperature {temperature:g})"
+    lines = ["", "## Sampling of the figures", ""]
+    if training is not None:
+        lines += [f"learning_curves.png: {training['sentence']}", ""]
+    return [*lines, f"Evaluation figures (the tables below, success_by_episode.png, gains.png): the evaluation sampling{at}."]
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
-    """Per split: the gains over the starting policy (when it was evaluated), the evaluated
-    policy per opponent, the starting policy per opponent, then the per-episode table."""
-    lines = _about(report["about"])
+    """The sampling of the figures (the training rollouts' numbers in words, see
+    :func:`mage.report.training_summary`), then per split: the gains over the starting policy
+    (when it was evaluated), the evaluated policy per opponent, the starting policy per
+    opponent, then the per-episode table."""
+    lines = _about(report["about"]) + _sampling(report)
     # a checkpoint's tables may stand in for the starting policy's (``compared_with``)
     compared_with = report["about"].get("compared_with")
     start = f"start: {compared_with}" if compared_with else "start"

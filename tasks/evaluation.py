@@ -79,10 +79,11 @@ def write_report(
     if compared_with is not None:
         about["compared_with"] = compared_with
     start = {split: read_trajectories(ref.resolve()) for split, ref in (start_tables or {}).items()}
+    history_records = io.read_json_lines(history.resolve(), METRICS_REMEDY) if history is not None else []
     report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
                           load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,
-                          start_tables=start or None)
-    history_records = io.read_json_lines(history.resolve(), METRICS_REMEDY) if history is not None else []
+                          start_tables=start or None, history=history_records,
+                          training_temperature=settings.engine.sampling.temperature)
     written = write(report, out_dir, history=history_records)
     return {"directory": out_dir, "files": {k: FileRef.of(v) for k, v in written.items()},
             "metrics": headline_metrics(report)}

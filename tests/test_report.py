@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -195,6 +196,77 @@ def test_written_report_files(tmp_path):
     for name in ("success_by_episode", "learning_curves", "gains"):
         assert written[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert to_markdown(report).startswith("# Evaluation report: ckpt-00003")
+
+
+#: A run's metrics.jsonl by hand: seven iterations, their invalid-reply rates and KL.
+INVALID = [0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.05]
+KL = [0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007]
+HISTORY = [{"iteration": i + 1, "rollout/all/final_win_rate": 0.1 * i, "rollout/A/final_win_rate": 0.2 * i,
+            "rollout/all/final_mean_return": i, "rollout/all/first_mean_return": -i,
+            "rollout/invalid_rate": INVALID[i], "train/kl": KL[i], "train/loss": -0.1} for i in range(7)]
+
+
+def test_the_report_says_the_training_rollouts_numbers_in_words(tmp_path):
+    """Beside the figures: the training rollouts' invalid replies and KL over the last five
+    iterations (3 to 7), and at the first, at the training temperature; the evaluation's
+    temperature for the rest."""
+    report = build_report({"train": TABLE}, MANIFEST, {"checkpoint": "c", "sampling": {"temperature": 0.6}}, 3,
+                          history=list(reversed(HISTORY)), training_temperature=1.0)
+    training = report["training"]
+    # by hand: (0.3 + 0.2 + 0.1 + 0.05 + 0.05) / 5 and (3 + 4 + 5 + 6 + 7) / 5 thousandths
+    assert (training["invalid_rate"], training["kl"]) == pytest.approx((0.14, 0.005))
+    assert (training["invalid_rate_first"], training["window"], training["temperature"]) == (0.5, [3, 7], 1.0)
+    number = r"([0-9.e-]+)"
+    said = re.search(rf"Training rollouts \(temperature {number}\): invalid replies {number} over iterations "
+                     rf"(\d+)-(\d+), the last (\d+) \({number} at iteration (\d+)\), KL to the reference {number} "
+                     "over the same iterations", training["sentence"])
+    assert said, training["sentence"]
+    assert [float(x) for x in said.groups()] == pytest.approx([1.0, 0.14, 3, 7, 5, 0.5, 1, 0.005])
+    assert "training sampling" in training["sentence"]
+    markdown = to_markdown(report)
+    assert training["sentence"] in markdown
+    assert "Evaluation figures (the tables below, success_by_episode.png, gains.png): the evaluation sampling " \
+           "(temperature 0.6)." in markdown
+    written = write_report(report, tmp_path, history=HISTORY)
+    assert written["learning_curves"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one iteration: the first is the last
+    single = build_report({"train": TABLE}, MANIFEST, {}, 3, history=HISTORY[:1], training_temperature=0.8)["training"]
+    assert "(temperature 0.8): invalid replies 0.5 over iteration 1, the last (0.5 at iteration 1), " \
+           "KL to the reference 0.001 " in single["sentence"]
+    # no training at all (the starting policy's report) says so
+    assert build_report({"train": TABLE}, MANIFEST, {}, 3)["training"]["iterations"] == 0
+
+
+def tick_labels(axis) -> list[str]:
+    return [t.get_text().replace("\u2212", "-") for t in axis.get_ticklabels() if t.get_text()]
+
+
+def test_plots_number_iterations_and_episodes_with_whole_numbers():
+    """Three iterations and three episodes: matplotlib's default ticks would be 1.0, 1.5, ...,
+    2.5; every plot the report draws labels them 1, 2, 3. The learning curves carry the
+    training sentence under them, the evaluation figures their sampling."""
+    from mage.plots import learning_curves_figure, success_by_episode_figure
+
+    report = build_report({"train": TABLE}, MANIFEST, {"sampling": {"temperature": 0.6}}, 3,
+                          start_tables={"train": start_of(TABLE)}, history=HISTORY[:3], training_temperature=1.0)
+    curves = learning_curves_figure(HISTORY[:3], report["training"])
+    success = success_by_episode_figure(report)
+    try:
+        for figure in (curves, success):
+            figure.canvas.draw()
+            for ax in figure.axes:
+                labels = tick_labels(ax.xaxis)
+                assert labels and all(re.fullmatch(r"-?\d+", label) for label in labels), labels
+        notes = [t.get_text() for t in curves.texts if t.get_text() != curves.get_suptitle()]
+        assert " ".join(" ".join(note.split()) for note in notes) == report["training"]["sentence"]
+        assert curves.get_suptitle() == "training rollouts, at the training sampling (temperature 1)"
+        assert [t.get_text() for t in success.texts] == [
+            "Evaluation at the evaluation sampling (temperature 0.6), not the training rollouts' sampling."]
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(curves)
+        plt.close(success)
 
 
 def test_wilson_agrees_with_scipy_and_the_bootstrap_covers_the_mean():

@@ -42,8 +42,10 @@ READS: dict[str, tuple[str, ...]] = {
     "evaluate": ("eval", "engine", "game.name", "game.params", "population.train", "population.held_out",
                  "population.seat_split", "model", "run.name", "paths.evaluations",
                  "paths.start_evaluation", "seed"),
-    # the report of evaluation tables beside the starting policy's
-    "report": ("run.name", "eval.episodes", "eval.early_stop", "eval.sampling", "game.name", "model"),
+    # the report of evaluation tables beside the starting policy's, and of the training rollouts
+    # (at their sampling temperature)
+    "report": ("run.name", "eval.episodes", "eval.early_stop", "eval.sampling", "engine.sampling.temperature",
+               "game.name", "model"),
     # the loop itself (mage.run.loop), besides the steps it runs (LOOP_STEPS): how many iterations,
     # when to checkpoint and evaluate, when to warn, how many shards, where it writes
     "loop": ("train.iterations", "train.checkpoint_every", "train.eval_every", "train.drift_invalid_rise",
