@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from mage.settings import Settings
 
 MANIFEST_SCHEMA_VERSION = 1
+#: The keys a population entry (``population.<split>.<id>``) may set.
+ENTRY_KEYS = ("opponent", "share", "params", "game_params")
 
 
 def _plain(value: Any) -> Any:
@@ -48,9 +50,9 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
             if not isinstance(raw, Mapping):
                 raise ValueError(f"{where}: must be a mapping with an opponent (and share, params, game_params), "
                                  f"got {raw!r}")
-            unknown = set(raw) - {"opponent", "share", "params", "game_params"}
+            unknown = set(raw) - set(ENTRY_KEYS)
             if unknown:
-                raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: opponent, share, params, game_params")
+                raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {', '.join(ENTRY_KEYS)}")
             if "opponent" not in raw:
                 raise ValueError(f"{where}: missing 'opponent'")
             if entry_id in seen:

@@ -58,13 +58,14 @@ class SamplingSettings:
     ``stop`` None ends each reply at its phase's closing tag (:data:`mage.protocol.PHASE_STOP_STRINGS`);
     a tuple replaces that for every phase (``()``: no stop string)."""
 
-    temperature: Annotated[float, Field(ge=0, le=100)]
-    top_p: Annotated[float, Field(gt=0, le=1)]
-    top_k: NonNegativeInt
-    # 131072: the longest context of a Qwen-class model; a reply cannot be longer
+    temperature: Annotated[float, Field(ge=0, le=100)]  # softmax(logits / temperature); 0: greedy
+    top_p: Annotated[float, Field(gt=0, le=1)]  # nucleus filter: the likeliest tokens up to this mass (1.0: off)
+    top_k: NonNegativeInt  # only the k likeliest tokens (0: off)
+    # the longest reply, in tokens; the length penalty starts at half of it (L_max, docs/method.md,
+    # Rewards and returns); at most 131072, the longest context of a Qwen-class model
     max_new_tokens: Annotated[int, Field(ge=1, le=131072)]
-    stop: tuple[str, ...] | None
-    seed: NonNegativeInt | None
+    stop: tuple[str, ...] | None  # strings that end a reply (null: each phase's closing tag)
+    seed: NonNegativeInt | None  # the sampling seed (null: derived from the run's or the evaluation's seed)
 
     def stop_for(self, phase: str) -> tuple[str, ...]:
         """The stop strings of a ``phase`` reply."""
@@ -86,10 +87,10 @@ class RolloutConfig:
     episodes: Annotated[int, Field(ge=1, le=100)]  # N episodes per meta-episode
     group_size: Annotated[int, Field(ge=1, le=1024)]  # meta-episodes per group (same seed, seat and opponent)
     early_stop: bool  # a won episode ends the meta-episode
-    context_mode: ContextMode
-    same_initial_state: bool
-    max_prompt_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None
-    prompt_overflow: OverflowRule
+    context_mode: ContextMode  # what later prompts show of a finished episode (docs/method.md, The meta-episode)
+    same_initial_state: bool  # every episode of a meta-episode starts from its first one's initial state
+    max_prompt_tokens: Annotated[int, Field(ge=1, le=1_048_576)] | None  # prompt limit (null: the model's context)
+    prompt_overflow: OverflowRule  # a prompt over the limit: error, or drop the oldest finished episodes
     concurrency: PositiveInt | None  # live meta-episodes stepped together; None: all
 
     @property
@@ -110,11 +111,11 @@ class HFOptions:
 class VLLMOptions:
     """``engine.vllm``: the vLLM engine (mage/backends/vllm.py)."""
 
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)]
-    kv_cache_memory_bytes: PositiveInt | None
-    sleep_mode: bool
-    max_model_len: PositiveInt | None
-    enforce_eager: bool
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)]  # the engine's share of the GPU (weights, KV cache)
+    kv_cache_memory_bytes: PositiveInt | None  # a fixed KV cache instead of the share (null: from the share)
+    sleep_mode: bool  # the engine sleeps (frees its GPU memory) while the trainer updates
+    max_model_len: PositiveInt | None  # the engine's context length (null: the model's)
+    enforce_eager: bool  # no torch.compile or CUDA graphs: starts in seconds, generates slower
     # full fine-tuning, the trainer in the engine's process: memory pushes each update's weights
     # into the engine; disk has it load the checkpoint (mage/backends/vllm_sync.py)
     weight_sync: Literal["memory", "disk"]
@@ -126,8 +127,8 @@ class VLLMOptions:
 class ScriptedOptions:
     """``engine.scripted``: a rule-based player in the agent's seat (tests, warm-start data)."""
 
-    rule: Annotated[str, Field(min_length=1)]
-    invalid_rate: Share
+    rule: Annotated[str, Field(min_length=1)]  # an opponent name of the game, "solver" (Sokoban) or "random"
+    invalid_rate: Share  # share of its replies made invalid on purpose
 
 
 BackendName = Literal["hf", "vllm", "scripted"]
@@ -158,10 +159,10 @@ class EngineConfig(RolloutConfig):
 class LoraSettings:
     """``model.lora`` (peft); the reference policy is the base model with the adapter disabled."""
 
-    r: Annotated[int, Field(ge=1, le=1024)]
-    alpha: Annotated[float, Field(gt=0)]
-    dropout: Annotated[float, Field(ge=0, lt=1)]
-    target_modules: tuple[str, ...] | str
+    r: Annotated[int, Field(ge=1, le=1024)]  # the adapters' rank
+    alpha: Annotated[float, Field(gt=0)]  # scaling: the adapters' update is multiplied by alpha / r
+    dropout: Annotated[float, Field(ge=0, lt=1)]  # dropout on the adapters' input
+    target_modules: tuple[str, ...] | str  # the modules that get adapters (peft's target_modules)
 
 
 @validated_dataclass(frozen=True)
@@ -170,36 +171,36 @@ class TinyBuild:
     behaviour cloning); the behaviour-cloning keys are chosen per game
     (``params/model_game/tiny/<game>.yaml``)."""
 
-    vocab_size: Annotated[int, Field(ge=512, le=1_000_000)]
-    hidden_size: Annotated[int, Field(ge=8, le=16384)]
-    num_layers: Annotated[int, Field(ge=1, le=256)]
-    num_heads: PositiveInt
-    num_kv_heads: PositiveInt
-    intermediate_size: PositiveInt
-    max_position_embeddings: Annotated[int, Field(ge=64, le=1_048_576)]
-    seed: NonNegativeInt
+    vocab_size: Annotated[int, Field(ge=512, le=1_000_000)]  # the BPE tokenizer's vocabulary
+    hidden_size: Annotated[int, Field(ge=8, le=16384)]  # width of the Qwen2-architecture model
+    num_layers: Annotated[int, Field(ge=1, le=256)]  # decoder layers
+    num_heads: PositiveInt  # attention heads (must divide hidden_size)
+    num_kv_heads: PositiveInt  # key-value heads (must divide num_heads)
+    intermediate_size: PositiveInt  # width of each layer's MLP
+    max_position_embeddings: Annotated[int, Field(ge=64, le=1_048_576)]  # the longest context, in tokens
+    seed: NonNegativeInt  # seeds the initial weights and the build's data
     corpus_meta_episodes: PositiveInt  # scripted meta-episodes per game for the tokenizer corpus
     # scripted players the warm start imitates: names or {rule: name, **params} (mage.backends.scripted)
     bc_rules: tuple[str | dict[str, Any], ...]
-    bc_meta_episodes: PositiveInt
+    bc_meta_episodes: PositiveInt  # scripted meta-episodes whose calls the warm start clones
     bc_short_steps: NonNegativeInt  # first phase: prompts cut to their last bc_context_tokens tokens
     # of the short steps, the first this share: play calls only (a reflection's tokens outnumber a move's)
     bc_moves_only_share: Share
-    bc_short_batch_rows: PositiveInt
-    bc_context_tokens: PositiveInt
+    bc_short_batch_rows: PositiveInt  # calls per batch of the short steps
+    bc_context_tokens: PositiveInt  # the short steps' prompt length, in tokens (the prompt's end)
     bc_steps: NonNegativeInt  # second phase: whole prompts
-    bc_batch_rows: PositiveInt
+    bc_batch_rows: PositiveInt  # calls per batch of the whole-prompt steps
     bc_batches_by_prompt: bool  # whole-prompt batches cut in prompt order (shared prefixes)
     # of every batch's calls: reflections, over-sampled; None: as they come
     bc_reflection_share: Annotated[float, Field(gt=0, lt=1)] | None
-    bc_learning_rate: Annotated[float, Field(gt=0, le=1)]
+    bc_learning_rate: Annotated[float, Field(gt=0, le=1)]  # behaviour cloning's peak learning rate (AdamW)
     # of all steps, the first this share at bc_learning_rate; then a linear decay to a tenth
     bc_constant_lr_share: Share
     # preset.json's description of the warm start: evaluation-style rollouts per opponent
     check_meta_episodes: PositiveInt  # per split
-    check_episodes: Annotated[int, Field(ge=1, le=100)]
-    check_seed: NonNegativeInt
-    check_sampling: SamplingSettings
+    check_episodes: Annotated[int, Field(ge=1, le=100)]  # N of those rollouts
+    check_seed: NonNegativeInt  # their initial states
+    check_sampling: SamplingSettings  # their sampling (the evaluation's)
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -218,7 +219,7 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 class ModelConfig:
     """A model preset (``params/model``): where the weights come from and how they train."""
 
-    name: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]  # the preset's name, part of run.name
     path: Annotated[str, Field(min_length=1)]  # a hub id or a local directory (the tiny preset: where it is built)
     build: Literal["tiny"] | None  # tiny: built locally (mage.build); None: loaded as is
     local_dir: str | None  # a hub model is fetched here (DVC versions it); None: the hub cache
@@ -227,10 +228,10 @@ class ModelConfig:
     # dtype (mage.models.policy.Policy)
     dtype: Dtype
     device: str  # auto | cpu | mps | cuda | cuda:N
-    chat: bool
-    enable_thinking: bool | None
-    lora: LoraSettings | None
-    tiny: TinyBuild | None
+    chat: bool  # prompts go through the tokenizer's chat template as one user message
+    enable_thinking: bool | None  # Qwen3's thinking, passed to the chat template (null: the template's default)
+    lora: LoraSettings | None  # LoRA adapters (null: full fine-tuning)
+    tiny: TinyBuild | None  # how the model is built (build: tiny only)
 
     def __post_init__(self) -> None:
         if not DEVICE.fullmatch(self.device):
@@ -249,7 +250,8 @@ Grouping = Literal["stationary", "mixed"]
 
 @validated_dataclass(frozen=True)
 class AlgoConfig:
-    """``params/algo``: returns, advantages and the PPO loss (MAGE-SPEC sections 3-5). The
+    """``params/algo``: returns, advantages and the PPO loss (docs/method.md: Rewards and returns,
+    Advantages, The policy update). The
     objective and the estimator are names registered in :mod:`mage.algo` (checked when the
     settings load). The penalties are the game's (:class:`GameConfig`)."""
 
@@ -258,9 +260,9 @@ class AlgoConfig:
     gamma_traj: Discount  # discount across an episode boundary
     estimator: Annotated[str, Field(min_length=1)]  # gigpo | grpo
     anchor: Anchor  # episode index part of the step anchor (local) or not (global)
-    norm: Norm
+    norm: Norm  # both terms centred (mean_norm) or also divided by their std (mean_std_norm)
     norm_scope: NormScope  # group: per (seed, seat, opponent); opponent: per opponent over the batch
-    # pooled: the episode term's mean (and std) over every call of the scope (MAGE-SPEC); per_episode:
+    # pooled: the episode term's mean (and std) over every call of the scope (the paper's); per_episode:
     # over the scope's calls of the same episode number, a baseline that depends on the episode
     episode_baseline: EpisodeBaseline
     # stationary: a group's meta-episodes face one opponent; mixed: the paper's ablation, a group's
@@ -270,12 +272,11 @@ class AlgoConfig:
     # Scales the negative advantages, after A = A_ep + w * A_step: 1 is the method's; below 1 the
     # update leans on the calls that did better than their baseline (mage/algo/advantages.py)
     negative_weight: Share
-    epsilon: Annotated[float, Field(gt=0, le=1)]
-    # PPO (MAGE-SPEC section 5)
-    clip_ratio: Annotated[float, Field(gt=0, le=1)]
-    dual_clip: Annotated[float, Field(gt=1)]
-    kl_coef: NonNegative
-    entropy_coef: NonNegative
+    epsilon: Annotated[float, Field(gt=0, le=1)]  # added to a std before dividing by it
+    clip_ratio: Annotated[float, Field(gt=0, le=1)]  # PPO's clip: ratios outside [1 - eps, 1 + eps] are cut
+    dual_clip: Annotated[float, Field(gt=1)]  # c: a negative advantage's loss is at most -A * c
+    kl_coef: NonNegative  # beta: weight of the low_var_kl penalty to the reference policy
+    entropy_coef: NonNegative  # alpha: weight of the entropy bonus
 
 
 Batching = Literal["bucketed", "padded"]
@@ -286,20 +287,21 @@ LrSchedule = Literal["constant", "linear"]
 
 @validated_dataclass(frozen=True)
 class TrainConfig:
-    """``params/train``: the policy update and the training loop (MAGE-SPEC section 5). Ranges
+    """``params/train``: the policy update and the training loop (docs/method.md, The policy
+    update). Ranges
     are checked on construction: torch takes a negative gradient clip or learning rate
     without complaint."""
 
-    iterations: Annotated[int, Field(ge=0, le=1_000_000)]
-    learning_rate: Annotated[float, Field(gt=0, le=1)]
+    iterations: Annotated[int, Field(ge=0, le=1_000_000)]  # rollout-and-update iterations of a run
+    learning_rate: Annotated[float, Field(gt=0, le=1)]  # AdamW's learning rate (the first iteration's)
     lr_schedule: LrSchedule  # linear: CleanRL's PPO annealing, lr/iterations at the last iteration
-    weight_decay: Annotated[float, Field(ge=0, le=1)]
-    betas: tuple[AdamBeta, AdamBeta]
-    adam_eps: Annotated[float, Field(gt=0, le=1)]
-    grad_clip: Annotated[float, Field(gt=0)]
-    ppo_epochs: Annotated[int, Field(ge=1, le=100)]
+    weight_decay: Annotated[float, Field(ge=0, le=1)]  # AdamW's decoupled weight decay
+    betas: tuple[AdamBeta, AdamBeta]  # AdamW's moment decays
+    adam_eps: Annotated[float, Field(gt=0, le=1)]  # AdamW's epsilon
+    grad_clip: Annotated[float, Field(gt=0)]  # the gradient's norm is clipped to this before each step
+    ppo_epochs: Annotated[int, Field(ge=1, le=100)]  # passes over an iteration's calls
     mini_batch_size: PositiveInt  # rows (LLM calls) per optimizer step (paper: 64)
-    batching: Batching
+    batching: Batching  # micro-batches by padded tokens of length-sorted calls (bucketed), or by rows (padded)
     micro_batch_tokens: PositiveInt  # bucketed: padded tokens per micro-batch
     micro_batch_rows: PositiveInt  # padded: rows per micro-batch
     share_prefix: bool  # run a micro-batch's common prompt prefix once
@@ -317,7 +319,7 @@ class TrainConfig:
     # transformers' enable_full_determinism: deterministic CUDA kernels, so a GPU run (and a
     # resumed one) repeats bitwise; slower. CPU runs repeat without it.
     deterministic: bool
-    seed: NonNegativeInt
+    seed: NonNegativeInt  # torch's seed in the trainer (a fresh LoRA adapter's weights)
     checkpoint_every: PositiveInt  # iterations; 1 loses no finished iteration on a crash
     keep_checkpoints: PositiveInt | None  # newest kept (None: all)
     eval_every: NonNegativeInt  # iterations between evaluations during training (0: none)
@@ -325,7 +327,7 @@ class TrainConfig:
     # (a warm start may begin with many invalid replies: the Tic-Tac-Toe one does), or a KL
     # to the reference above drift_kl. They change no result.
     drift_invalid_rise: Annotated[float, Field(gt=0, le=1)]
-    drift_kl: Annotated[float, Field(gt=0)]
+    drift_kl: Annotated[float, Field(gt=0)]  # the KL to the reference above which a drift warning is logged
     # The update's data-parallel workers: 1 runs it in the flow's process on model.device; N > 1
     # runs N Ray Train workers on the cluster (flow.runner=ray), each on its share of every
     # mini-batch, placed by flow.placement (mage.placement).
@@ -356,13 +358,13 @@ class TrainConfig:
 class EvalConfig:
     """``params/eval``: the evaluation of a checkpoint and of the policy it started from."""
 
-    split: Split
+    split: Split  # the opponents played: training ones, held-out ones or all
     episodes: Annotated[int, Field(ge=1, le=100)]  # N at evaluation (may exceed training's)
     meta_episodes: Annotated[int, Field(ge=1, le=1_000_000)]  # per split, shared equally by its opponents
-    group_size: Annotated[int, Field(ge=1, le=1024)]
-    early_stop: bool
-    seed: NonNegativeInt
-    sampling: SamplingSettings
+    group_size: Annotated[int, Field(ge=1, le=1024)]  # meta-episodes per initial state
+    early_stop: bool  # a won episode ends the meta-episode
+    seed: NonNegativeInt  # the evaluation's initial states: the same for every checkpoint
+    sampling: SamplingSettings  # the evaluation's sampling
 
     def groups_per_opponent(self, opponents: int) -> int:
         """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""
@@ -373,12 +375,12 @@ class EvalConfig:
 @validated_dataclass(frozen=True)
 class GameConfig:
     """``params/game``: the game, its constructor's parameters and its penalties, the one
-    home of c_inv and c_len (MAGE-SPEC 3; the returns read them from here)."""
+    home of c_inv and c_len (docs/method.md, Rewards and returns; the returns read them from here)."""
 
-    name: str
-    params: dict[str, Any]
-    invalid_penalty: NonNegative  # c_inv per invalid turn
-    length_penalty: NonNegative  # c_len
+    name: str  # the game (mage.games.GAMES)
+    params: dict[str, Any]  # the game's constructor parameters (mage.games.make_game)
+    invalid_penalty: NonNegative  # c_inv: the penalty of each invalid reply (docs/method.md, Rewards and returns)
+    length_penalty: NonNegative  # c_len: the largest penalty of a reply longer than half the reply limit
 
     def __post_init__(self) -> None:
         if self.name not in GAMES:
@@ -397,8 +399,11 @@ def _num_players(name: str, params: str) -> int:
 
 @validated_dataclass(frozen=True)
 class CeilingSettings:
+    """``population.ceilings``: how the population manifest's ceilings are estimated where they
+    are not exact (docs/method.md, The metrics)."""
+
     n_games: Annotated[int, Field(ge=1, le=1_000_000)]  # games per Monte-Carlo ceiling estimate
-    seed: NonNegativeInt
+    seed: NonNegativeInt  # seeds those games
 
 
 @validated_dataclass(frozen=True)
@@ -407,13 +412,13 @@ class PopulationEntry:
     read from ``population.<split>.<id>`` and checked against the game when the settings load
     (:func:`mage.population.population_entries`)."""
 
-    id: Annotated[str, Field(min_length=1)]
-    game: str
-    opponent: Annotated[str, Field(min_length=1)]
-    split: SplitName
-    share: NonNegative
-    params: Mapping[str, Any]
-    game_params: Mapping[str, Any]
+    id: Annotated[str, Field(min_length=1)]  # the entry's key in its split
+    game: str  # game.name
+    opponent: Annotated[str, Field(min_length=1)]  # the opponent's name (mage.opponents.make)
+    split: SplitName  # the split the entry is listed under
+    share: NonNegative  # training entries: the share of groups that face it (they sum to 1); held out: unused
+    params: Mapping[str, Any]  # the opponent's parameters
+    game_params: Mapping[str, Any]  # overrides of game.params for this entry (Sokoban's num_boxes, levels)
 
     def make_game(self, base_params: Mapping[str, Any] | None = None) -> Game:
         """The game with the population's base parameters and this entry's overrides."""
@@ -429,8 +434,8 @@ class PopulationConfig:
 
     seat_split: Share  # share of meta-episodes in which the agent sits second
     ceilings: CeilingSettings
-    train: dict[str, PopulationEntry]
-    held_out: dict[str, PopulationEntry]
+    train: dict[str, PopulationEntry]  # the opponents trained against, by id
+    held_out: dict[str, PopulationEntry]  # the opponents held out for evaluation, by id
 
     @property
     def entries(self) -> tuple[PopulationEntry, ...]:
@@ -444,6 +449,8 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,199}")
 
 @validated_dataclass(frozen=True)
 class RunConfig:
+    """``run``: the run's name, which keys its checkpoints, evaluations and report."""
+
     # a directory name under paths.runs: never a path, never empty (".." would write elsewhere)
     name: str
 
@@ -457,15 +464,15 @@ class RunConfig:
 class PathsConfig:
     """``paths``: where every artifact of the lifecycle goes."""
 
-    artifacts: str
-    population_manifest: str
-    runs: str
-    evaluations: str
-    start_evaluation: str
-    nightly: str
-    report: str
-    results: str
-    metrics: str
+    artifacts: str  # every artifact lives under here (DVC tracks it, git ignores it)
+    population_manifest: str  # the population's manifest with its ceilings
+    runs: str  # training runs: checkpoints, rollout tables, run.json
+    evaluations: str  # evaluation tables, per run
+    start_evaluation: str  # the starting policy's evaluation
+    nightly: str  # the nightly evaluations
+    report: str  # the generalisation report (metrics, Markdown, plots)
+    results: str  # small metrics files that git tracks
+    metrics: str  # the report's headline numbers
     live: str | None  # dvclive's per-iteration metrics and plots (None: none)
 
 
@@ -503,7 +510,7 @@ class FlowConfig:
     the memory plan per GPU (:mod:`mage.placement`, :mod:`mage.memory`), ``placement`` and ``ray``."""
 
     runner: Runner  # the task runner of rollout shards
-    max_workers: Annotated[int, Field(ge=1, le=1024)]
+    max_workers: Annotated[int, Field(ge=1, le=1024)]  # shards run at once by the thread and process runners
     rollout_shards: Annotated[int, Field(ge=1, le=4096)]  # rollout tasks per iteration (whole groups each)
     retries: Annotated[int, Field(ge=0, le=100)]  # retries after a transient failure (OSError, timeouts)
     retry_delay_seconds: Annotated[float, Field(ge=0, le=86400)]  # first retry delay; doubles every retry

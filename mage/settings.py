@@ -130,7 +130,7 @@ class Settings:
     train: TrainConfig
     eval: EvalConfig
     flow: FlowConfig
-    seed: int
+    seed: int  # the run's seed: its initial states, sampling and update order derive from it
     paths: PathsConfig
     run: RunConfig
     raw: dict[str, Any] = field(repr=False, compare=False)
