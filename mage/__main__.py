@@ -2,14 +2,17 @@
 population manifest.
 
     python -m mage config [--output FILE] [hydra overrides ...]
+    python -m mage config --docs docs/configuration.md
     python -m mage plan [--gpu-gib 80] [hydra overrides ...]
     python -m mage population [hydra overrides ...]
 
 ``config`` prints or writes the composed config, validated exactly as the flows validate it
 (a bad value is a one-line ``config error:`` and exit status 2, and nothing is written);
 ``python -m mage config --output params.yaml`` regenerates the committed ``params.yaml``
-(``dvc exp run`` composes it the same way, with its ``-S`` overrides). ``population`` seeds
-and writes the population manifest with its ceilings. ``plan`` prints the memory the
+(``dvc exp run`` composes it the same way, with its ``-S`` overrides), and ``config --docs
+docs/configuration.md`` regenerates the committed reference of every key and config group
+option (:mod:`mage.config_docs`; it documents the defaults, so it takes no overrides).
+``population`` seeds and writes the population manifest with its ceilings. ``plan`` prints the memory the
 configuration plans for on its GPU, part by part (:mod:`mage.memory`), on this machine's GPU or
 on one of ``--gpu-gib`` GiB, and exits with status 2, naming the key to change, where it
 cannot fit, as a flow would refuse it. The lifecycle's own commands are the
@@ -34,6 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     config = commands.add_parser("config", help="print or write the composed, validated config")
     config.add_argument("--output", help="write here (atomically) instead of printing")
+    config.add_argument("--docs", metavar="FILE", help="write the Markdown reference of every key and option here")
     config.add_argument("overrides", nargs="*")
     plan = commands.add_parser("plan", help="print the memory plan on the GPU; status 2 where it cannot fit")
     plan.add_argument("--gpu-gib", type=float, help="plan for a GPU of this many GiB (default: this machine's)")
@@ -41,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     population = commands.add_parser("population", help="seed and write the population manifest")
     population.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "config" and args.docs:
+        return _docs(args.docs, args.overrides, args.output)
     try:
         settings = load_settings(args.overrides)
     except SettingsError as error:
@@ -59,6 +65,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     path = write_manifest(seed_population(settings), settings.paths.population_manifest)
     print(f"population manifest: {path}")
+    return 0
+
+
+def _docs(path: str, overrides: Sequence[str], output: str | None) -> int:
+    from mage import io
+    from mage.config_docs import render
+    from mage.settings import SettingsError, load_settings
+
+    if overrides or output:
+        print("config error: --docs documents the defaults of params/ and writes only its own file: give it "
+              "neither overrides nor --output", file=sys.stderr)
+        return 2
+    try:
+        load_settings([])  # the defaults are documented only once they validate
+    except SettingsError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    io.write_text(path, render())
+    print(f"configuration reference: {path}")
     return 0
 
 

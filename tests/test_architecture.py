@@ -22,10 +22,10 @@ PACKAGES = ("mage", "tasks", "flows")
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground: games, algorithms, the reply protocol, files, the typed settings",
      ("mage", "mage.io", "mage.stats", "mage.games", "mage.protocol", "mage.algo", "mage.sections", "mage.config",
-      "mage.tensors")),
-    ("opponents and backends, the population, the validated settings, the placement on a cluster",
+      "mage.config_comments", "mage.tensors")),
+    ("opponents and backends, the population, the validated settings and their reference, the cluster placement",
      ("mage.opponents", "mage.backends", "mage.ceilings", "mage.population", "mage.settings",
-      "mage.placement")),
+      "mage.config_docs", "mage.placement")),
     ("rollout", ("mage.rollout",)),
     ("train: loading a policy, the trainer, checkpoints, the memory plan", ("mage.models", "mage.train", "mage.memory")),
     ("evaluation and report", ("mage.evaluation", "mage.report", "mage.report_markdown", "mage.plots")),
