@@ -14,7 +14,7 @@ length-bucketed micro-batches and with plain fixed-size padded ones, side by sid
     python benchmarks/investigations/learning_kuhn.py --seeds 0 --iterations 5 --eval-groups 8   # smoke run
 
 The defaults are the configuration that met the issue's criterion (docs/notes/findings.md, run D):
-groups of 8 meta-episodes as in the paper (MAGE-SPEC sections 4 and 8), 24 groups per
+groups of 8 meta-episodes as in the paper (docs/method.md, The paper's scale), 24 groups per
 iteration and PPO mini-batches of 96 calls. That is about 10 optimizer steps per iteration,
 as with 16 groups and mini-batches of 64, but each step averages 1.5x the samples, so there
 is less gradient noise and less late drift between seeds. A MAGE run takes about 15 minutes
