@@ -17,6 +17,7 @@ stand for any value: the option or key they are given to must exist, the value i
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shlex
@@ -65,10 +66,10 @@ def spans(doc: Path) -> list[Span]:
         if not paragraph:
             return
         start, text = paragraph[0][0], "\n".join(line for _, line in paragraph)
-        for match in re.finditer(r"(`+)(.+?)\1", text, flags=re.S):
+        for match in re.finditer(r"(`+)(.+?)\1", text, flags=re.DOTALL):
             found.append(Span(start + text.count("\n", 0, match.start()), match.group(2).replace("\n", " ").strip(),
                               "code"))
-        prose = re.sub(r"(`+)(.+?)\1", " ", text, flags=re.S)
+        prose = re.sub(r"(`+)(.+?)\1", " ", text, flags=re.DOTALL)
         for number, line in enumerate(prose.split("\n")):
             found.append(Span(start + number, line, "prose"))
         paragraph.clear()
@@ -144,8 +145,8 @@ def check_link(doc: Path, line: int, target: str) -> list[str]:
     if not path.exists():
         return [f"{where(doc, line)}: the link {target!r} names {path.relative_to(REPO)}, which does not exist"]
     if anchor and path.suffix == ".md" and anchor not in anchors(path):
-        return [f"{where(doc, line)}: the link {target!r}: {path.relative_to(REPO)} has no heading #{anchor} "
-                f"(its anchors: {', '.join(sorted(anchors(path)))})"]
+        known = ", ".join(sorted(anchors(path)))
+        return [f"{where(doc, line)}: the link {target!r}: {path.relative_to(REPO)} has no heading #{anchor} (its anchors: {known})"]
     return []
 
 
@@ -264,8 +265,7 @@ class Parsed(Exception):
 @dataclass(frozen=True)
 class Fixtures:
     """What a command's check uses of pytest: patching, a scratch folder, the captured output
-    (read through capsys: redirecting sys.stderr by hand while Prefect first configures its
-    logging leaves pytest's capture closed)."""
+    (read through capsys, not a redirection of sys.stderr: see :func:`command_lines`)."""
 
     monkeypatch: pytest.MonkeyPatch
     tmp_path: Path
@@ -314,7 +314,7 @@ def check_overrides(overrides: list[str]) -> str | None:
     except SettingsError as error:
         return f"its overrides {list(concrete)} do not compose: {error}"
     for override in overrides:
-        key, equals, value = override.partition("=")
+        key, equals, _ = override.partition("=")
         if not equals:
             return f"{override!r} is not a Hydra override (key=value)"
         if override in concrete:
@@ -333,7 +333,7 @@ def check_overrides(overrides: list[str]) -> str | None:
 @functools.cache
 def pytest_help() -> str:
     return subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120).stdout
+                          capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 @functools.cache
@@ -360,17 +360,56 @@ def check_pytest(args: list[str]) -> str | None:
     return None
 
 
-def check_dvc(args: list[str], fixtures: Fixtures) -> str | None:
-    from dvc.cli import DvcParserError, parse_args
+#: Parses dvc command lines in a process of its own: importing dvc wraps sys.stdout and
+#: sys.stderr (colorama) and adds its logging handlers, which then outlive a test's capture.
+DVC_PARSER = """
+import contextlib, io, json, sys
+from dvc.cli import DvcParserError, parse_args
+results = []
+for args in json.load(sys.stdin):
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            parsed = parse_args(args)
+        results.append({"set_param": list(getattr(parsed, "set_param", None) or [])})
+    except (DvcParserError, SystemExit):
+        lines = err.getvalue().strip().splitlines()
+        results.append({"error": lines[-1] if lines else "a parser error"})
+print(json.dumps(results))
+"""
+_dvc_parsed: dict[tuple[str, ...], dict] = {}
 
+
+def dvc_arguments(command: tuple[str, ...]) -> list[str] | None:
+    """The arguments the command gives dvc, if it runs dvc."""
+    words = list(command)
+    if words[:1] == ["dvc"]:
+        return words[1:]
+    if words[:2] == ["bash", "scripts/run.sh"] or words[:1] == ["scripts/run.sh"]:
+        return ["exp", "run", *words[(2 if words[0] == "bash" else 1):]]
+    return None
+
+
+def dvc_parse(args: list[str]) -> dict:
+    """dvc's parser on ``args``: {"set_param": [...]} or {"error": ...}. The first call parses
+    every dvc command of the docs at once (one process)."""
+    if tuple(args) not in _dvc_parsed:
+        wanted = {tuple(args)} | {tuple(a) for doc in DOCS for c in commands(doc)
+                                  if (a := dvc_arguments(c.argv)) is not None}
+        wanted = sorted(wanted - _dvc_parsed.keys())
+        done = subprocess.run([sys.executable, "-c", DVC_PARSER], input=json.dumps(wanted), cwd=REPO,
+                              capture_output=True, text=True, timeout=300, check=True)
+        _dvc_parsed.update(zip(wanted, json.loads(done.stdout), strict=True))
+    return _dvc_parsed[tuple(args)]
+
+
+def check_dvc(args: list[str]) -> str | None:
     if not args:
         return None
-    fixtures.said()
-    try:
-        parsed = parse_args(args)
-    except (DvcParserError, SystemExit):
-        return f"dvc does not accept it: {fixtures.said()}"
-    return check_overrides(list(getattr(parsed, "set_param", None) or []))
+    parsed = dvc_parse(args)
+    if "error" in parsed:
+        return f"dvc does not accept it: {parsed['error']}"
+    return check_overrides(parsed["set_param"])
 
 
 def check_flags_in_source(args: list[str], *sources: Path) -> str | None:
@@ -438,14 +477,14 @@ def check_command(command: Command, fixtures: Fixtures) -> str | None:
     if argv[0] == "pytest":
         return check_pytest(argv[1:])
     if argv[0] == "dvc":
-        return check_dvc(argv[1:], fixtures)
+        return check_dvc(argv[1:])
     if argv[0] in ("bash", "python") or argv[0].startswith("scripts/"):
         words = argv[1:] if argv[0] in ("bash", "python") else argv
         script, args = REPO / words[0], words[1:]
         if not script.is_file():
             return f"{words[0]} does not exist"
         if script.name == "run.sh":
-            return check_dvc(["exp", "run", *args], fixtures)
+            return check_dvc(["exp", "run", *args])
         if script.name == "test.sh":
             return check_pytest(args)
         if script.suffix == ".sh":
@@ -507,6 +546,20 @@ def test_every_path_named_in_code_exists(doc):
     assert not problems, "\n".join(problems)
 
 
+@pytest.fixture(scope="module")
+def command_lines():
+    """The command lines' imports, before a test's capsys: Prefect's first import reconfigures
+    logging, closing every handler, and absl's (OpenSpiel's) closes its stream unless that is
+    sys.stderr at the time, which under capsys it is not: pytest's own capture would be closed
+    under it."""
+    import flows.__main__
+    import flows.common
+    import mage.__main__
+
+    assert flows.common and flows.__main__ and mage.__main__
+
+
+@pytest.mark.usefixtures("command_lines")
 @pytest.mark.parametrize("doc", DOCS, ids=IDS)
 def test_every_command_runs_or_names_options_that_exist(doc, monkeypatch, tmp_path, capsys):
     problems = []
@@ -520,6 +573,7 @@ def test_every_command_runs_or_names_options_that_exist(doc, monkeypatch, tmp_pa
 # --- the checks themselves ------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("command_lines")
 def test_the_checks_find_what_is_wrong(tmp_path, monkeypatch, capsys):
     """A broken link, a missing anchor, a link outside, a missing file, an unknown key or option,
     options after the overrides: each is reported, with the doc and the line. The page lives in
@@ -563,6 +617,7 @@ def test_the_checks_find_what_is_wrong(tmp_path, monkeypatch, capsys):
     assert not OUTSIDE.search("artifacts/work/x and docs/method.md")
 
 
+@pytest.mark.usefixtures("command_lines")
 def test_a_transcript_s_config_error_is_the_one_the_settings_give(monkeypatch, tmp_path, capsys):
     doc = REPO / "docs" / "pipeline.md"
     shown = [c for doc in DOCS for c in commands(doc) if c.error_shown]
