@@ -24,7 +24,8 @@ opponents (``algo.grouping=mixed``) and a local anchor (``algo.anchor=local``).
     python benchmarks/paper_table.py --smoke              # CI: the smallest setting
 
 A finished run's result is kept (``<out>/runs/<run>.json``): the same command again resumes
-where it stopped. Prints Markdown (the tables of BENCHMARKS.md) and writes ``<out>/table.json``.
+where it stopped. Prints Markdown (the tables of docs/results.md, "The paper's table at laptop
+scale") and writes ``<out>/table.json``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ ABLATIONS = {"mixed groups": ["algo.grouping=mixed"], "local anchor": ["algo.anc
 
 @dataclass(frozen=True)
 class Scale:
-    """One game's run size: what fits the 2-hour budget on 2 cores (BENCHMARKS.md)."""
+    """One game's run size: what fits the 2-hour budget on 2 cores (BENCHMARKS.md, "The paper's
+    table: its budget")."""
 
     iterations: int
     groups: int  # MAGE's groups per iteration (single-episode methods: three times as many)
@@ -65,10 +67,10 @@ class Scale:
     learning_rates: tuple[float, ...]
 
 
-# The default invocation took 96 min in one call on 2 cores (BENCHMARKS.md, "The budget"): the
-# 40 runs 83 min, the three builds and the rest 13 min. Cut from the lifecycle
-# defaults: iterations (Kuhn 20 -> 10, Tic-Tac-Toe 5 -> 3), groups (16 -> 6 on the two long
-# games) and evaluated meta-episodes.
+# The default invocation took 96 min in one call on 2 cores (BENCHMARKS.md, "The paper's table: its
+# budget"): the 40 runs 83 min, the three builds and the rest 13 min. Cut from the lifecycle
+# defaults: iterations (Kuhn 20 -> 10, Tic-Tac-Toe 5 -> 3), groups (16 -> 6 on the two long games)
+# and evaluated meta-episodes.
 SCALES = {
     "kuhn_poker": Scale(10, 16, 4, 32, 256, 128, (2e-4, 4e-4)),
     "tic_tac_toe": Scale(3, 6, 4, 32, 64, 32, (2e-4, 4e-4)),

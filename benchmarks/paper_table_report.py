@@ -125,7 +125,8 @@ def targets(game: str, table: dict[str, dict[str, Any]]) -> list[tuple[str, bool
 def print_tables(args: argparse.Namespace, warm: dict[str, Any], sweep: list[dict[str, Any]],
                  chosen: dict[tuple[str, str], float], runs: list[dict[str, Any]], ablation: str | None,
                  seconds: float) -> dict[str, Any]:
-    """Print the Markdown of BENCHMARKS.md; the same figures as JSON-able data."""
+    """Print the Markdown of docs/results.md, "The paper's table at laptop scale"; the same figures
+    as JSON-able data."""
     import torch
 
     from mage.population import load_manifest

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Does a change keep the main command's results? Runs the lifecycle the README's main command
-# runs (`dvc exp run`: population, tiny build, 20 iterations, evaluations, report) in clean
-# clones of two commits, then compares every weight file (the tiny preset and each
-# checkpoint), the rollout tables and the report's headline numbers.
+# Does a change keep the main command's results? Runs the lifecycle that the main command,
+# `bash scripts/run.sh` (README, "Two commands"), runs (`dvc exp run`: population, tiny build,
+# 20 iterations, evaluations, report) in clean clones of two commits, then compares every
+# weight file (the tiny preset and each checkpoint), the rollout tables and the report's
+# headline numbers.
 #
 #   bash benchmarks/same_run.sh run COMMIT WORKDIR      # clone COMMIT into WORKDIR/COMMIT and run it (~11 min on 2 cores)
 #   bash benchmarks/same_run.sh compare CLONE_A CLONE_B  # compare two clones that ran it

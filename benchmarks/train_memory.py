@@ -9,7 +9,8 @@ reference log-probs, then the PPO pass, params/'s trainer and method settings), 
 paths alternating. Peak memory is the update's rise above the process's memory once the model
 and the optimizer exist: the allocator's peak on a GPU, the peak resident set on a CPU.
 
-    # the CPU sweep of BENCHMARKS.md (about 10 minutes on 2 cores, about 12 GB at its peak)
+    # the CPU sweep of BENCHMARKS.md, "Paper scale on one GPU" (about 10 minutes on 2 cores,
+    # about 12 GB at its peak)
     python benchmarks/train_memory.py
     # at Qwen3-4B's shape with LoRA r=64 and gradient checkpointing, on a GPU
     python benchmarks/train_memory.py --shape Qwen/Qwen3-4B --lora 64 --gradient-checkpointing \\

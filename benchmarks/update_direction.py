@@ -20,7 +20,7 @@ The sums are over a reply's tokens, so long replies have more to gain or lose; t
 and overlong ones carry the penalties and sit in the negative group. An update that follows its
 advantages raises the first group against the middle one and lowers the last; length alone
 gives some such order too, so compare against advantages shuffled within buckets of reply
-length and validity (BENCHMARKS.md, "Self-imitation, and where the updates go").
+length and validity (docs/notes/findings.md, "Self-imitation, and where the updates go").
 
     python benchmarks/update_direction.py <run dir> [--updates 4]
 

@@ -1,4 +1,4 @@
-"""Prefect flows composing the tasks of ``tasks/`` into the lifecycle (see README).
+"""Prefect flows composing the tasks of ``tasks/`` into the lifecycle (docs/pipeline.md, "The flows").
 
 Each flow lives in its own module and is imported only when it is used
 (``from flows import train``), so running one flow loads only its own code: a DVC stage

@@ -310,10 +310,10 @@ class TrainConfig:
     # pass (mage/train/logprobs.py); None: every position's logits at once (the tiny presets'
     # exact path, from before chunking)
     logits_chunk_tokens: PositiveInt | None
-    # Recompute each decoder layer's activations in the backward pass instead of keeping
-    # them: about a third more compute for one layer's activations instead of all of them
-    # (a 4B model's PPO step on 16k-token micro-batches needs it on an 80 GB GPU:
-    # BENCHMARKS.md). The PPO pass then runs without the shared prefix (its KV cache
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    # about a third more compute for one layer's activations instead of all of them (a 4B
+    # model's PPO step on 16k-token micro-batches needs it on an 80 GB GPU: BENCHMARKS.md,
+    # "Training step on a GPU"). The PPO pass then runs without the shared prefix (its KV cache
     # cannot be recomputed); the scoring passes keep it.
     gradient_checkpointing: bool
     # transformers' enable_full_determinism: deterministic CUDA kernels, so a GPU run (and a

@@ -237,7 +237,7 @@ def check_workers(settings: Settings) -> None:
     model, train, flow = settings.model, settings.train, settings.flow
     if train.workers > 1 and flow.runner != "ray":
         raise SettingsError(f"train.workers: {train.workers} update workers run on Ray Train, and flow.runner is "
-                            f"{flow.runner}: set flow.runner=ray (README, \"Scaling out: a Ray cluster\") or "
+                            f"{flow.runner}: set flow.runner=ray (docs/gpu.md, \"A Ray cluster\") or "
                             "train.workers=1 (the update in the flow's process)")
     if train.workers > train.mini_batch_size:
         raise SettingsError(f"train.workers: {train.workers} workers share each mini-batch of "
@@ -253,7 +253,7 @@ def check_workers(settings: Settings) -> None:
             raise SettingsError("flow.placement: colocated on GPUs is not supported yet: the engines live in Ray "
                                 "actors that hold their GPUs for the whole run, and nothing puts them to sleep "
                                 "during the update, so the update's workers would wait for GPUs for ever; set "
-                                "flow.placement=split (README, \"The update on several workers\")")
+                                "flow.placement=split (docs/gpu.md, \"One node of several GPUs\")")
     if train.workers > 1 and train.worker_gpus and model.device == "cpu":
         raise SettingsError("train.worker_gpus: 1 gives each update worker a GPU (NCCL), and model.device is cpu: "
                             "set train.worker_gpus=0 for CPU workers (gloo)")

@@ -386,7 +386,8 @@ def test_prefect_s_log_of_a_user_error_keeps_its_line_and_drops_the_traceback():
 
 @pytest.mark.e2e
 def test_the_fault_benchmark_runs_and_every_bad_configuration_is_rejected(tmp_path):
-    # benchmarks/faults.py, the README's fault probe, at its cheapest setting (in-process, no flow)
+    # benchmarks/faults.py, the fault probe (docs/pipeline.md, "Failures and resuming"), at its
+    # cheapest setting (in-process, no flow)
     done = subprocess.run([sys.executable, "benchmarks/faults.py", "--only", "configs", "--work", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

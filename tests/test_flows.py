@@ -247,8 +247,9 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     assert held_out == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
     assert Path(result["files"]["success_by_episode"].path).stat().st_size > 0
 
-    # The README's larger evaluation, as typed there (overrides before the options): its tables,
-    # the start's too, go to a directory of their own; the pipeline's start tables stay as they were.
+    # The larger evaluation of docs/report.md ("Reporting on tables evaluated earlier"), as typed there
+    # (overrides before the options): its tables, the start's too, go to a directory of their own; the
+    # pipeline's start tables stay as they were.
     import flows.__main__ as cli
 
     settings = load_settings(args)

@@ -245,9 +245,10 @@ def test_advantages_need_returns_first():
 @given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from([0.0, 10.0])), min_size=1, max_size=12))
 @settings(max_examples=60, deadline=None)
 def test_meta_rewards_coincide_when_only_an_early_stopping_win_pays(metas):
-    """Sokoban's case (BENCHMARKS, the paper's table): a failed episode returns 0 and a solved
-    one ends the meta-episode, so D_n = R_n - R_{n-1} equals R_n for every episode, and MAGE
-    and LaMer are one algorithm there. A loss that pays (Kuhn, Tic-Tac-Toe) separates them."""
+    """Sokoban's case (docs/results.md, "The paper's table at laptop scale"): a failed episode
+    returns 0 and a solved one ends the meta-episode, so D_n = R_n - R_{n-1} equals R_n for every
+    episode, and MAGE and LaMer are one algorithm there. A loss that pays (Kuhn, Tic-Tac-Toe)
+    separates them."""
     from mage.algo.returns import meta_rewards
 
     rows = [{"run_id": "r", "iteration": 1, "meta_id": meta, "episode": n,

@@ -1,4 +1,4 @@
-"""The Sokoban benchmark scripts that BENCHMARKS.md quotes still run, at toy sizes.
+"""The Sokoban benchmark scripts that docs/notes/findings.md quotes still run, at toy sizes.
 
 Their figures are not asserted (they are the benchmarks' to measure); what is asserted holds
 whatever the data: a finer key of the board matches fewer positions, the commonest of four

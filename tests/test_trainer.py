@@ -337,9 +337,9 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     paths = RunLayout.of(interrupted)
     assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
     assert not [p for p in paths.checkpoints.iterdir() if p.name.startswith(".")]  # no half-written directory
-    # resumed from a copy in another folder (the README's way to continue a copied run), which
-    # leaves the original as it was, and then where it stopped: the loop reads the checkpoints on
-    # disk, whatever folder they are in
+    # resumed from a copy in another folder (a run copied to another folder: docs/pipeline.md, "Failures
+    # and resuming"), which leaves the original as it was, and then where it stopped: the loop reads the
+    # checkpoints on disk, whatever folder they are in
     shutil.copytree(tmp_path / "b", tmp_path / "c")
     copied = tiny_run(tiny_model_dir, tmp_path / "c", *extra)
     for resumed_run in (copied, interrupted):

@@ -4,7 +4,8 @@ installed by scripts/setup.sh; the GPU build elsewhere), with small models saved
 Log-probs are compared with the trainer's own teacher-forced log-probs (PolicyTrainer.logprobs:
 transformers, a second implementation of the same network) and with peft's for an adapter.
 Tolerance: 2e-3 nats per token, float32 on both sides (vLLM's CPU kernels and transformers'
-differ in summation order only; measured gaps are printed and recorded in BENCHMARKS.md).
+differ in summation order only; measured gaps are printed, and recorded in docs/notes/findings.md,
+"The vLLM backend's log-prob gaps").
 """
 
 from __future__ import annotations

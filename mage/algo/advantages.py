@@ -36,7 +36,7 @@ calls that expect very different scores: under the differential reward with earl
 episode after a loss scores R_n + 10 >= 0, so every call of episode 1 starts far below the
 mean. Both are baselines in the policy-gradient sense (neither depends on the call's reply
 beyond its own share of the mean, as in GRPO); the per-episode one leaves no episode with a
-systematic sign (BENCHMARKS.md, "Why Tic-Tac-Toe unlearned"). GRPO ignores it: its
+systematic sign (docs/notes/findings.md, "Why Tic-Tac-Toe unlearned"). GRPO ignores it: its
 statistics are over whole meta-episodes.
 
 **GRPO** (``estimator: grpo``), the baseline: every call of a meta-episode gets
@@ -50,8 +50,8 @@ Below 1 it departs from the method (docs/method.md, Deviations): the update lean
 calls that did better than their baseline. It is meant for a policy that rarely succeeds,
 where the few successes raise the mean and most calls sit a little below it. At 0 only positive advantages remain, akin to
 self-imitation learning's (R - V)+ (Oh et al. 2018) without its replay buffer. On Sokoban's
-reading warm start it did not help (BENCHMARKS.md, "Self-imitation, and where the updates
-go").
+reading warm start it did not help (docs/notes/findings.md, "Self-imitation, and where the
+updates go").
 
 Standard deviations are population ones (ddof 0).
 """

@@ -87,9 +87,11 @@ class _RawLogProbs(LogitsProcessor):
 
 
 #: A micro-batch pauses once at most this share of its rows is still decoding, and those rows
-#: go on alone. On the tiny preset a decode step of 64 rows takes 29 ms and one of 4 rows 5 ms
-#: (BENCHMARKS.md), and a reply in 16 of the Tic-Tac-Toe warm start's runs to the 128-token
-#: limit, so nearly every micro-batch of 64 decoded all 128 steps for a few rows.
+#: go on alone. On the tiny preset a decode step of 64 rows took 29 ms and one of 4 rows 5 ms
+#: (at 725e859, in the history of BENCHMARKS.md: ``git show 84715c9:BENCHMARKS.md``), and a
+#: reply in 16 of the Tic-Tac-Toe warm start's runs to the 128-token limit, so nearly every
+#: micro-batch of 64 decoded all 128 steps for a few rows. The gain: BENCHMARKS.md, "Regrouped
+#: decoding in the hf backend".
 REGROUP_SHARE = 0.25
 #: ... and only with this many tokens of the budget left: the rows' prompts are prefilled again.
 REGROUP_MIN_TOKENS_LEFT = 16

@@ -115,7 +115,8 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
        them take play calls only: a Sokoban reflection is ninety tokens against a move's
        eight, so reflections outweigh the moves in a batch's loss. (On the moves alone the
        board-reading came in one build of three; with the wanderer that first thinks the
-       cells around the player, ``+experiment=sokoban_long``, in 1000 steps: BENCHMARKS.md);
+       cells around the player, ``+experiment=sokoban_long``, in 1000 steps: docs/notes/findings.md,
+       "A warm start that reads the board");
     2. ``bc_steps`` steps of ``bc_batch_rows`` calls on whole prompts, shuffled, or with
        ``bc_batches_by_prompt`` batched by prompt order so that a batch shares a long prefix
        (faster, but a batch's calls are alike: on Kuhn Poker the model then stops reading the

@@ -115,7 +115,7 @@ def read_trajectories(path: str | Path, required: Iterable[str] = BASE_COLUMNS) 
 
 
 def describe() -> str:
-    """The schema as a Markdown table (used in the README)."""
+    """The schema as a Markdown table (the one in docs/trajectory-table.md)."""
     lines = ["| column | type | meaning |", "|---|---|---|"]
     for name, (dtype, meaning) in ALL_COLUMNS.items():
         lines.append(f"| `{name}` | {dtype} | {meaning} |")
