@@ -8,7 +8,10 @@
   `python -m mage config`, `python -m mage plan`), and otherwise names options that exist: its
   command line parser accepts it, its Hydra overrides compose with `mage.settings.load_settings`,
   the scripts and files it names exist. A transcript of a `config error:` shows the error the
-  settings give.
+  settings give;
+- every section cited by name, in the docs and in the code, params, tests, benchmarks and
+  scripts (`docs/gpu.md, "The memory plan"`, `BENCHMARKS.md, "Flow overhead"`,
+  `docs/method.md, The metrics`), is a heading of the page it names.
 
 A failure names the doc, the line and what is wrong. Placeholders (`<head>`, `DIR`, `N`, `...`)
 stand for any value: the option or key they are given to must exist, the value is not checked.
@@ -16,6 +19,7 @@ stand for any value: the option or key they are given to must exist, the value i
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import os
@@ -505,6 +509,114 @@ def check_error_shown(command: Command, overrides: list[str]) -> str | None:
     return "the shown config error does not happen: the overrides compose"
 
 
+# --- sections cited by name ----------------------------------------------------------------
+
+#: Where sections of a page are cited by name: the code, params, tests, benchmarks, scripts and
+#: the docs themselves.
+CITING_FOLDERS = ("mage", "tasks", "flows", "params", "tests", "benchmarks", "scripts")
+CITING_SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".md")
+
+#: A page named in the text: README or BENCHMARKS (with or without .md) or a page under docs/,
+#: in backticks or not (not README's, a possessive).
+_PAGE = r"(?<![\w/.-])`?(?P<page>README(?:\.md)?|BENCHMARKS(?:\.md)?|docs/[\w/-]+\.md)`?(?!['\u2019]s\b)"
+#: A Markdown link to a page: a citation of the linked page.
+_LINKED = r"\[[^\]\n]*\]\((?P<link>[^)#\s]+\.md)(?:#[^)\s]*)?\)"
+#: The section in quotes after a comma, a colon or a space: "...", '...' or \"...\" (in an
+#: f-string); it starts with a letter or a backtick.
+_QUOTED = (r"(?:\s*[,:]\s*|\s+)(?:\\?\"(?P<double>[A-Za-z`][^\"\\\n]*)\\?\"|'(?P<single>[A-Za-z`][^'\n]*)'"
+           r"|\u201c(?P<curly>[^\u201d\n]+)\u201d)")
+#: (README, "Two commands"), BENCHMARKS.md "Flow overhead", [results](../results.md), "Open".
+QUOTED_CITATION = re.compile(f"(?:{_PAGE}|{_LINKED}){_QUOTED}")
+#: A docs page's section named without quotes: (docs/method.md, The policy update), (docs/method.md:
+#: Rewards and returns, Advantages): the text after the page starts with one of its headings.
+BARE_CITATION = re.compile(r"(?<![\w/.-])`?(?P<page>docs/[\w/-]+\.md)`?\s*[,:]\s+(?=(?P<bare>[A-Z][^\n]*))")
+
+
+def citing_files() -> list[Path]:
+    """The files whose citations are checked; not this one, whose examples are not citations."""
+    files = {REPO / "README.md", REPO / "BENCHMARKS.md", REPO / "dvc.yaml", *DOCS}
+    for folder in CITING_FOLDERS:
+        files |= {path for path in (REPO / folder).rglob("*")
+                  if path.suffix in CITING_SUFFIXES and path.is_file() and "__pycache__" not in path.parts}
+    return sorted(files - {Path(__file__).resolve()})
+
+
+def folded(text: str) -> tuple[str, list[int]]:
+    """The text with each line break, and what continues a comment or a docstring on the next
+    line (indentation, `#`, `#:`, `*`, `>`), folded to one space, so that a citation may break across
+    lines; and the offset where each line starts in it."""
+    parts: list[str] = []
+    starts: list[int] = []
+    offset = 0
+    for number, line in enumerate(text.split("\n")):
+        if number:
+            line = re.sub(r"^[ \t]*(?:#+:?|\*|>)?[ \t]*", "", line)
+            parts.append(" ")
+            offset += 1
+        starts.append(offset)
+        parts.append(line)
+        offset += len(line)
+    return "".join(parts), starts
+
+
+def normal(text: str) -> str:
+    return re.sub(r"\s+", " ", text.replace("`", "").replace("\u2019", "'")).strip().lower()
+
+
+@functools.cache
+def headings(page: Path) -> tuple[str, ...]:
+    """The page's headings, normalised (:func:`normal`), fenced blocks left out."""
+    found = []
+    in_fence = False
+    for line in page.read_text().splitlines():
+        if re.match(r"\s*(```|~~~)", line):
+            in_fence = not in_fence
+        elif not in_fence and (heading := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            found.append(normal(heading.group(1)))
+    return tuple(found)
+
+
+def names_a_heading(cited: str, page: Path) -> bool:
+    """Whether ``cited`` is a heading of the page, or the start of one up to a word's end
+    ("Rollout throughput" for "Rollout throughput: batched, sequential, ...")."""
+    cited = normal(cited)
+    return any(h == cited or (h.startswith(cited) and not h[len(cited)].isalnum()) for h in headings(page))
+
+
+def cited_page(source: Path, match: re.Match) -> Path:
+    if match.groupdict().get("link"):
+        return Path(os.path.normpath(source.parent / match.group("link")))
+    name = match.group("page")
+    return REPO / (name if name.endswith(".md") else f"{name}.md")
+
+
+def citation_problems(source: Path) -> list[str]:
+    """Each citation of a section in ``source`` whose page lacks that heading, with its line."""
+    text, starts = folded(source.read_text())
+
+    def at(match: re.Match) -> str:
+        return f"{source.relative_to(REPO)}:{bisect.bisect_right(starts, match.start())}"
+
+    problems = []
+    for match in QUOTED_CITATION.finditer(text):
+        page = cited_page(source, match)
+        section = match.group("double") or match.group("single") or match.group("curly")
+        if not page.is_file():
+            problems.append(f"{at(match)}: {match.group(0).strip()!r} cites {page}, which does not exist")
+        elif not names_a_heading(section, page):
+            problems.append(f"{at(match)}: {match.group(0).strip()!r}: {page.relative_to(REPO)} has no "
+                            f"heading {section!r}")
+    for match in BARE_CITATION.finditer(text):
+        page = REPO / match.group("page")
+        bare = normal(match.group("bare"))
+        if not page.is_file():
+            problems.append(f"{at(match)}: {match.group('page')} cites a page that does not exist")
+        elif not any(bare == h or (bare.startswith(h) and not bare[len(h)].isalnum()) for h in headings(page)):
+            problems.append(f"{at(match)}: {match.group('page')}, {match.group('bare')[:60]!r}...: no heading of "
+                            f"{match.group('page')} starts the text after it")
+    return problems
+
+
 # --- the tests -----------------------------------------------------------------------------
 
 IDS = [str(doc.relative_to(REPO)) for doc in DOCS]
@@ -624,3 +736,39 @@ def test_a_transcript_s_config_error_is_the_one_the_settings_give(monkeypatch, t
     assert shown, "a doc shows a config error"
     wrong = Command(doc, 1, "x", shown[0].argv, shown[0].error_shown.replace("must be", "should be"))
     assert "not what is shown" in check_command(wrong, Fixtures(monkeypatch, tmp_path, capsys))
+
+
+def test_every_cited_section_is_a_heading_of_its_page():
+    """A section cited by name in the code, params, tests, benchmarks, scripts or docs, such as
+    (docs/gpu.md, "The memory plan"), (BENCHMARKS.md, "Flow overhead") or (docs/method.md, The
+    metrics): its page exists and has that heading, or one that starts with it."""
+    problems = [problem for source in citing_files() for problem in citation_problems(source)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_citation_check_finds_what_is_wrong(tmp_path, monkeypatch):
+    """A missing heading, a missing page, a bare docs citation that starts no heading, in every
+    quote style, across comment lines and through a Markdown link: each is reported with its
+    line; what names a heading, a possessive and a page without a section are not."""
+    root = tmp_path / "repo"
+    (root / "mage").mkdir(parents=True)
+    for name in ("README.md", "BENCHMARKS.md", "docs"):
+        (root / name).symlink_to(REPO / name)
+    source = root / "mage" / "cited.py"
+    source.write_text(r'''"""Cited: (README, "Two commands"), (BENCHMARKS.md, "The test
+suite"), (`BENCHMARKS.md`, "Rollout throughput"), docs/method.md, The policy update.
+Broken: (README, 'Scaling out'), BENCHMARKS.md "vLLM on this CPU", (docs/gpu.md, "No such heading"),
+(docs/nosuch.md, "Anything"), (docs/method.md, Nothing of the kind).
+"""
+# as measured (docs/notes/findings.md, "Why Tic-Tac-Toe
+# unlearned") and [the log](../docs/notes/findings.md), "No such finding"
+raise SystemExit(f"set flow.runner=ray (docs/gpu.md, \"A Ray cluster\") or (README, \"Scaling out\")")
+# README's "Two commands" is no citation; (BENCHMARKS.md) alone names no section
+''')
+    monkeypatch.setattr(sys.modules[__name__], "REPO", root)
+    problems = citation_problems(source)
+    assert [p.split(": ")[0] for p in problems] == ["mage/cited.py:3"] * 3 + ["mage/cited.py:4"] + \
+        ["mage/cited.py:7", "mage/cited.py:8", "mage/cited.py:4"], problems
+    assert "'Scaling out'" in problems[0] and "'vLLM on this CPU'" in problems[1] and "No such heading" in problems[2]
+    assert "does not exist" in problems[3] and "No such finding" in problems[4] and "Scaling out" in problems[5]
+    assert "Nothing of the kind" in problems[6]
