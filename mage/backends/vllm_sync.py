@@ -36,8 +36,8 @@ directory is the adapter, a few MB, so a LoRA policy reaches the engine as that 
 (:class:`Probe`: a few token sequences cut from a rollout table) with ``prompt_logprobs``, in
 its ``raw_logprobs`` mode; the caller passes the trainer's teacher-forced log-probs of the same
 tokens. A gap above the tolerance (:func:`tolerance_for`: 1e-4 nats in float32, where vLLM's
-CPU kernels and transformers' measured 3e-5 at most on whole rollouts, BENCHMARKS.md "vLLM on
-this CPU") raises :class:`StaleWeightsError`, which stops the run. This module imports no
+CPU kernels and transformers' measured 3e-5 at most on whole rollouts: docs/notes/findings.md,
+"The vLLM backend's log-prob gaps") raises :class:`StaleWeightsError`, which stops the run. This module imports no
 trainer: the expected numbers come in as data.
 """
 
@@ -105,11 +105,16 @@ def probe_from(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[in
 
 
 # -- the push -----------------------------------------------------------------------------
-def _encoded(weights: Iterable[tuple[str, Any]], chunk_bytes: int) -> Iterable[list[tuple[str, str, list[int], bytes]]]:
-    """``(name, dtype, shape, bytes)`` of each tensor, in chunks of about ``chunk_bytes``."""
+#: One tensor as it crosses a process boundary: ``(name, dtype, shape, bytes)``.
+Encoded = tuple[str, str, list[int], bytes]
+
+
+def encoded(weights: Iterable[tuple[str, Any]], chunk_bytes: int = CHUNK_BYTES) -> Iterable[list[Encoded]]:
+    """``(name, dtype, shape, bytes)`` of each tensor, in chunks of about ``chunk_bytes`` (what
+    crosses to the engine's workers, or to a rollout worker in another process)."""
     import torch
 
-    chunk: list[tuple[str, str, list[int], bytes]] = []
+    chunk: list[Encoded] = []
     size = 0
     for name, tensor in weights:
         t = tensor.detach().to("cpu").contiguous()
@@ -123,9 +128,25 @@ def _encoded(weights: Iterable[tuple[str, Any]], chunk_bytes: int) -> Iterable[l
         yield chunk
 
 
+def decoded(chunks: Iterable[list[Encoded]]) -> Iterable[tuple[str, Any]]:
+    """The ``(name, tensor)`` pairs of :func:`encoded`'s chunks (each tensor owns its memory)."""
+    import torch
+
+    for chunk in chunks:
+        for name, dtype, shape, data in chunk:
+            dt = getattr(torch, dtype)
+            flat = torch.frombuffer(bytearray(data), dtype=dt) if data else torch.empty(0, dtype=dt)
+            yield name, flat.view(shape)
+
+
 def push_weights(backend: Any, weights: Iterable[tuple[str, Any]], chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
     """Load full ``weights`` (HF names) into every worker of ``backend``'s engine, in place, and
     make ``backend`` generate with them; returns what was loaded and how long it took."""
+    return push_encoded(backend, encoded(weights, chunk_bytes))
+
+
+def push_encoded(backend: Any, chunks: Iterable[list[Encoded]]) -> dict[str, Any]:
+    """:func:`push_weights` of weights already :func:`encoded` (by another process)."""
     started = time.perf_counter()
     engine = backend.engine
     if engine.spec.max_lora_rank is not None:
@@ -139,7 +160,7 @@ def push_weights(backend: Any, weights: Iterable[tuple[str, Any]], chunk_bytes: 
         rpc("mage_begin_weights")
         sent = 0
         try:
-            for chunk in _encoded(weights, chunk_bytes):
+            for chunk in chunks:
                 rpc("mage_add_weights", args=(chunk,))
                 sent += len(chunk)
             if not sent:
@@ -179,19 +200,10 @@ class WeightSyncWorker:
         return len(chunk)
 
     def mage_finish_weights(self) -> dict[str, Any]:
-        import torch
-
         received, self._mage_weights = self._mage_weights, []
-
-        def tensors():
-            for name, dtype, shape, data in received:
-                dt = getattr(torch, dtype)
-                flat = torch.frombuffer(bytearray(data), dtype=dt) if data else torch.empty(0, dtype=dt)
-                yield name, flat.view(shape)
-
         model = self.model_runner.get_model()
         packed = {name: id(m.cpu_linear) for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
-        self.reload_weights(weights_iterator=tensors(), is_checkpoint_format=True)
+        self.reload_weights(weights_iterator=decoded([received]), is_checkpoint_format=True)
         repacked = []
         for name, module in model.named_modules():  # see the module docstring, "The CPU repack"
             weight = getattr(module, "weight", None)
@@ -238,10 +250,16 @@ def verify(backend: Any, probe: Probe, expected: Sequence[Sequence[float]], tole
            what: str = "the trainer's weights") -> float:
     """The largest gap between the engine's log-probs of ``probe`` and ``expected`` (the
     trainer's teacher-forced ones), or :class:`StaleWeightsError` if it is above ``tolerance``."""
-    gap, row, token = largest_gap(served_logprobs(backend, probe), expected)
+    return check_gap(served_logprobs(backend, probe), expected, tolerance, what)
+
+
+def check_gap(served: Sequence[Sequence[float]], expected: Sequence[Sequence[float]], tolerance: float,
+              what: str = "the trainer's weights") -> float:
+    """:func:`verify`'s check of log-probs already served (by any engine, or a policy in another process)."""
+    gap, row, token = largest_gap(served, expected)
     if not gap <= tolerance:
         raise StaleWeightsError(
-            f"the vLLM engine does not serve {what}: its log-probs of the probe differ from the trainer's by up to "
+            f"the rollout engine does not serve {what}: its log-probs of the probe differ from the trainer's by up to "
             f"{gap:.3g} nats (probe row {row}, scored token {token}), above the tolerance {tolerance:g}. It would "
             "sample from a policy PPO does not score, so the run stops. If weights were pushed, the push did not "
             "reach every layer (engine.vllm.weight_sync=disk loads the checkpoint instead); if the gap is rounding "
