@@ -40,6 +40,58 @@ RUNS = [(game, [f"game={game}"], f"tiny-{game}") for game in sorted(WARM_START)]
     ("sokoban", ["+experiment=sokoban_levels"], "tiny-sokoban-long")]
 
 
+def recomputed(table: pl.DataFrame) -> dict[str, dict]:
+    """From a trajectory table's play rows, by hand: per opponent and pooled (``all``), the
+    meta-episodes, the first and final (last played) episode's win rate, the final's draw
+    rate and mean return, the invalid share of play calls, and per episode k the
+    meta-episodes that played it, their win rate, pass@k (won in one of episodes 1..k, over
+    all meta-episodes) and the invalid share of k's play calls."""
+    metas: dict[tuple, dict[int, tuple[bool, bool, float]]] = {}
+    calls: dict[tuple, list[bool]] = {}
+    for row in table.filter(pl.col("phase") == "play").iter_rows(named=True):
+        for opponent in (row["opponent"], "all"):
+            meta = (opponent, row["run_id"], row["iteration"], row["meta_id"])
+            metas.setdefault(meta, {})[row["episode"]] = (row["won"], row["draw"], row["episode_return"])
+            calls.setdefault((opponent, row["episode"]), []).append(row["valid"])
+    out: dict[str, dict] = {}
+    for opponent in {meta[0] for meta in metas}:
+        mine = [episodes for meta, episodes in metas.items() if meta[0] == opponent]
+        first = [episodes[min(episodes)] for episodes in mine]
+        final = [episodes[max(episodes)] for episodes in mine]
+        ks = sorted({k for episodes in mine for k in episodes})
+        replies = [valid for k in ks for valid in calls[(opponent, k)]]
+        out[opponent] = {
+            "meta_episodes": len(mine),
+            "first_win_rate": sum(won for won, _, _ in first) / len(mine),
+            "final_win_rate": sum(won for won, _, _ in final) / len(mine),
+            "final_draw_rate": sum(draw for _, draw, _ in final) / len(mine),
+            "final_mean_return": sum(ret for _, _, ret in final) / len(mine),
+            "invalid_rate": replies.count(False) / len(replies),
+            "episodes": {k: {
+                "played": sum(k in episodes for episodes in mine),
+                "win_rate": sum(episodes[k][0] for episodes in mine if k in episodes) / sum(k in e for e in mine),
+                "pass_at_k": sum(any(episodes[j][0] for j in episodes if j <= k) for episodes in mine) / len(mine),
+                "invalid_rate": calls[(opponent, k)].count(False) / len(calls[(opponent, k)]),
+            } for k in ks},
+        }
+    return out
+
+
+def assert_agrees(figures: dict, expected: dict[str, dict], where: tuple) -> None:
+    """The report's rows of one split (``opponents`` and ``episodes``) against :func:`recomputed`."""
+    rows = {row["opponent"]: row for row in figures["opponents"]}
+    assert set(rows) == set(expected), where
+    for opponent, mine in expected.items():
+        for field in ("meta_episodes", "first_win_rate", "final_win_rate", "final_draw_rate", "final_mean_return",
+                      "invalid_rate"):
+            assert rows[opponent][field] == pytest.approx(mine[field]), (*where, opponent, field)
+        by_k = {row["episode"]: row for row in figures["episodes"] if row["opponent"] == opponent}
+        assert set(by_k) == set(mine["episodes"]), (*where, opponent)
+        for k, figure in mine["episodes"].items():
+            for field, value in figure.items():
+                assert by_k[k][field] == pytest.approx(value), (*where, opponent, k, field)
+
+
 @pytest.mark.parametrize(("game", "chosen", "preset_dir"), RUNS, ids=[" ".join(run[1]) for run in RUNS])
 def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp_path):
     memory.forget()
@@ -73,6 +125,22 @@ def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp
     for split in ("train", "held_out"):  # the headline numbers dvc exp show lists, per split
         for name in ("final_win_rate", "gain_over_start", "invalid_rate"):
             assert isinstance(metrics[f"{split}/{name}"], float), (split, name)
+    # every figure of the report, recomputed here from the evaluation tables it was made of
+    # (the checkpoint's and the starting policy's), and the training rollouts' from theirs
+    evaluations = tmp_path / "eval" / compose(chosen).run.name
+    for split in ("train", "held_out"):
+        body = report["splits"][split]
+        for policy, figures in ((Path(report["about"]["checkpoint"]).name, body), ("start", body["start"])):
+            expected = recomputed(pl.read_parquet(evaluations / policy / f"{split}.parquet"))
+            assert_agrees(figures, expected, (split, policy))
+    rollouts = pl.read_parquet(next((tmp_path / "runs" / compose(chosen).run.name / "rollouts").glob("*.parquet")))
+    play = rollouts.filter(pl.col("phase") == "play")
+    invalid = sum(not valid for valid in play["valid"]) / play.height
+    training = report["training"]
+    assert training["iterations"] == 1 and training["window"] == [1, 1]
+    assert training["invalid_rate"] == pytest.approx(invalid) and training["invalid_rate_first"] == pytest.approx(invalid)
+    assert training["temperature"] == compose(chosen).engine.sampling.temperature
+    assert f"invalid replies {invalid:.3g} over iteration 1" in training["sentence"]
     # the training rollouts and evaluation of sokoban_levels play its 32 levels, and its
     # held-out 2-box entry new ones (an entry's game_params reach the engine)
     run = compose(chosen).run.name
