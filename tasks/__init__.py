@@ -20,7 +20,7 @@ write-report           the report (JSON, Markdown, plots)     READS["report"]; t
 =====================  =====================================  ====================================
 
 The training iteration's steps (``tasks.training``: ``rollout-shard``, ``score-rollout``,
-``train-iteration``, ``save-checkpoint``) are not cached: the run resumes from its
+``train-iteration``, ``save-checkpoint``, and on Ray ``push-weights``) are not cached: the run resumes from its
 checkpoints (``mage.run.loop``).
 
 Modules: the tasks of ``tasks.population``, ``tasks.model``, ``tasks.training`` and

@@ -76,6 +76,21 @@ def save_checkpoint(state: TrainingState, metrics: dict[str, Any], iteration: in
         return steps.save(state, metrics)
 
 
+@task(name="push-weights", task_run_name="push-weights-{iteration}", **STEP_DEFAULTS)
+def push_weights_to_workers(state: TrainingState, checkpoint: ckpt.Checkpoint, iteration: int) -> list[dict[str, Any]]:
+    """The update's weights to the run's rollout worker actors through memory, checked."""
+    from tasks.ray_workers import push_weights
+
+    with memory.LOCK:
+        pushed = push_weights(state, str(checkpoint.path))
+    taken = [p for p in pushed if p]
+    if taken:
+        get_run_logger().info(f"weights of update {iteration} to {len(taken)} of {len(pushed)} rollout workers through "
+                              f"memory in {max(p['seconds'] for p in taken):.2f} s, probe log-probs within "
+                              f"{max(p['gap'] for p in taken):.1e} of the trainer's")
+    return pushed
+
+
 class FlowSteps(Steps):
     """The steps of :func:`mage.run.loop.train` as Prefect tasks, rollout shards on ``runner``."""
 
@@ -119,7 +134,13 @@ class FlowSteps(Steps):
         return self._configured(update_policy)(state, table, iteration)
 
     def save(self, state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
-        return self._configured(save_checkpoint)(state, metrics, state.iteration)
+        from tasks.ray_workers import pushes_weights
+
+        saved = self._configured(save_checkpoint)(state, metrics, state.iteration)
+        # the rollout workers take the new weights from memory; the checkpoint is for resume (the last one: nothing plays)
+        if pushes_weights(self.settings) and state.iteration < self.settings.train.iterations:
+            self._configured(push_weights_to_workers)(state, saved, state.iteration)
+        return saved
 
     def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
         evaluate = self._configured(evaluate_split)

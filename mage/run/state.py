@@ -8,16 +8,20 @@ the same iteration and shard play the same table.
 A vLLM engine in the trainer's process gets each update's full weights through memory
 (``engine.vllm.weight_sync=memory``), a LoRA adapter or, with ``disk``, full weights from the
 checkpoint; either way its log-probs of a small probe must then equal the trainer's
-(:mod:`mage.backends.vllm_sync`), or the run stops with a ``StaleWeightsError``.
+(:mod:`mage.backends.vllm_sync`), or the run stops with a ``StaleWeightsError``. A rollout
+worker in another process takes full weights sent to it the same way, checked the same way
+(:meth:`RolloutWorker.take_weights`; on Ray, ``tasks.ray_workers.push_weights``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import torch
@@ -75,9 +79,7 @@ class TrainingState:
         backend = self._backend
         if not isinstance(backend, VLLMBackend):
             return {}
-        if self._probe is None:  # fixed from the first table on
-            self._probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(),
-                                               table["response_token_ids"].to_list())
+        self.probe(table)
         if backend.weight_sync != "memory" or self.policy.is_lora:
             return {}  # the checkpoint brings them (checkpointed)
         pushed = vllm_sync.push_weights(backend, self.policy.model.state_dict().items())
@@ -85,6 +87,13 @@ class TrainingState:
         logger.info(f"weights of update {self.iteration} in the vLLM engine through memory: {pushed['tensors']} "
                     f"tensors in {pushed['seconds']:.2f} s, probe log-probs within {gap:.1e} of the trainer's")
         return {"weight_sync_gap_max": gap}
+
+    def probe(self, table: pl.DataFrame) -> vllm_sync.Probe:
+        """What engines are checked on: a few rows of ``table``, fixed from the first table on."""
+        if self._probe is None:
+            self._probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(),
+                                               table["response_token_ids"].to_list())
+        return self._probe
 
     def checkpointed(self, saved: ckpt.Checkpoint) -> None:
         """``saved`` holds the current weights: the rollouts go on with it (a vLLM engine that was
@@ -162,6 +171,7 @@ class RolloutWorker:
         self._backend: Backend | None = None
         self._policy: Policy | None = None  # hf only: the weights the backend samples with
         self._held: str | None = None  # the content hash of the checkpoint held (None: the starting policy)
+        self.loads = self.pushes = 0  # checkpoints read from disk, and weights taken through memory
 
     def sample_from(self, checkpoint: str | Path | None) -> Backend:
         """The engine, sampling from ``checkpoint`` (None: the run's starting policy)."""
@@ -171,13 +181,44 @@ class RolloutWorker:
         loaded = ckpt.Checkpoint.at(checkpoint) if checkpoint is not None else None
         if self._backend is not None and loaded is not None and self._policy is not None:
             ckpt.load_weights(self._policy, loaded)  # hf: new weights into the model the backend holds
+            self.loads += 1
         elif self._backend is not None and loaded is not None:
             self._backend.load_checkpoint(loaded.path, loaded.kind)  # vllm: the engine swaps them
+            self.loads += 1
         else:  # first use, or back to the starting policy: build it
             self.close()
             self._backend = self._build(loaded)
         self._held = wanted
         return self._backend
+
+    def take_weights(self, checkpoint: str, chunks: Iterable[list[vllm_sync.Encoded]], probe: vllm_sync.Probe,
+                     expected: list[list[float]]) -> dict[str, Any]:
+        """The full weights of ``checkpoint``, sent through memory by the trainer's process
+        (:func:`vllm_sync.encoded`), taken in place of reading the checkpoint: into the engine
+        (``vllm``) or the policy (``hf``), then checked: the probe's log-probs must equal the
+        trainer's ``expected`` (else :class:`~mage.backends.vllm_sync.StaleWeightsError`). A worker
+        with no engine yet takes nothing: it builds from the checkpoint when first asked to play.
+        Returns the check's largest gap and the seconds taken ({} when nothing was taken)."""
+        if self._backend is None:
+            return {}
+        started = time.perf_counter()
+        self._held = None  # until checked: a failed push is never trusted
+        what = f"the weights of {checkpoint}, pushed through memory"
+        if self._policy is not None:  # hf: into the model the backend samples with
+            self._policy.model.load_state_dict(dict(vllm_sync.decoded(chunks)), strict=True)
+            tolerance = vllm_sync.tolerance_for(self.settings.model.dtype)
+            gap = vllm_sync.check_gap(probe_logprobs(self._policy, probe), expected, tolerance, what)
+        elif isinstance(self._backend, VLLMBackend):
+            backend = self._backend
+            vllm_sync.push_encoded(backend, chunks)
+            tolerance = vllm_sync.tolerance_for(backend.engine.spec.dtype, backend.sync_tolerance)
+            gap = vllm_sync.verify(backend, probe, expected, tolerance, what)
+            vllm_sync.name_pushed(backend, checkpoint)
+        else:
+            raise TypeError(f"a {type(self._backend).__name__} takes no weights through memory")
+        self._held = ckpt.content_hash(checkpoint)
+        self.pushes += 1
+        return {"gap": gap, "seconds": time.perf_counter() - started}
 
     def _build(self, loaded: ckpt.Checkpoint | None) -> Backend:
         if self.settings.engine.backend != "hf":
