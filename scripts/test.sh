@@ -19,4 +19,5 @@ fi
 # waiting on another (a flow's imports, a Prefect server, DVC, vLLM's engine), so a second worker
 # uses the second core; whole files keep a module's fixture (the DVC clone, a Ray cluster, the
 # vLLM engine) in one worker, and the Ray tests that kill a worker by name see only their own.
-python -m pytest -n 2 --dist loadfile "$@"
+# Files go out in collection order, the longest first (tests/conftest.py, LONGEST_FILES).
+python -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"

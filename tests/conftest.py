@@ -103,11 +103,25 @@ def prefect_harness():
         yield
 
 
+#: The test files that take longest (minutes each on 2 cores), longest first. Collected first,
+#: so that ``--dist loadfile --no-loadscope-reorder`` (scripts/test.sh) hands them out before
+#: the short files, which then fill the gaps: the longest-first rule, whose last file to end
+#: is a short one. (By default xdist orders files by their number of tests, which sends these,
+#: each a few long tests, last.)
+LONGEST_FILES = ("test_ray_runner.py", "test_ray_train_workers.py", "test_dvc_pipeline.py", "test_vllm_backend.py",
+                 "test_flows.py", "test_gpu_check.py", "test_ui_end_to_end.py", "test_vllm_weight_sync.py",
+                 "test_games_end_to_end.py", "test_paper_table.py", "test_faults.py", "test_trainer.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip GPU-only tests where no CUDA GPU is present, and vLLM ones where vLLM is not
-    installed (scripts/setup.sh installs its CPU build on x86-64 Linux). CI sets
-    MAGE_REQUIRE_VLLM=1: there a missing vLLM fails those tests instead."""
+    """Collect :data:`LONGEST_FILES` first, in that order (the others keep theirs). Skip
+    GPU-only tests where no CUDA GPU is present, and vLLM ones where vLLM is not installed
+    (scripts/setup.sh installs its CPU build on x86-64 Linux). CI sets MAGE_REQUIRE_VLLM=1:
+    there a missing vLLM fails those tests instead."""
     import importlib.util
+
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FILES)))  # stable: the rest stay in order
 
     import torch
 
@@ -296,3 +310,23 @@ def process_ended(process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A Ray cluster of two one-CPU nodes on the loopback interface, one per test module that
+    asks (Ray's switch for a machine that is no cluster: without it Ray turns 127.0.0.1 into
+    this machine's network address); stopped when the module ends."""
+    from ray.cluster_utils import Cluster
+
+    from flows.ray_cluster import loopback_only
+
+    node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
+    with loopback_only():
+        cluster = Cluster(initialize_head=True, head_node_args=node)
+        try:
+            cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            yield cluster.address
+        finally:
+            cluster.shutdown()
