@@ -134,3 +134,112 @@ def test_huge_input_is_bounded():
     reply = "a" * (MAX_PARSE_CHARS * 3) + "<action>bet</action>"
     assert parse_action(reply, KUHN_OPEN).reason == "no <action> tag"  # beyond the parsed window
     assert parse_action("<action>bet</action>" + "z" * (MAX_PARSE_CHARS * 3), KUHN_OPEN).actions == (1,)
+
+
+# -- exactly the documented replies are legal (issue: Unicode letters folding into moves) ----
+#: The documented rule, written again here from mage/protocol/parsing.py's docstring, as a
+#: second implementation: ASCII letters lower-cased, ASCII quotes/punctuation/white space
+#: stripped around, ASCII white space runs inside made one space; moves separated by commas
+#: and/or ASCII white space; nothing outside ASCII changed.
+ASCII_SPACE = " \t\r\n\x0b\x0c"
+STRIPPED = ASCII_SPACE + "\"'`.!?:*()[]{}"
+
+
+def documented(content: str, aliases: dict[str, int], max_moves: int) -> tuple[int, ...] | None:
+    lowered = "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in content)
+    core = lowered.strip(STRIPPED)
+    words, word = [], ""
+    for c in core:  # split on runs of ASCII white space
+        if c in ASCII_SPACE:
+            if word:
+                words.append(word)
+            word = ""
+        else:
+            word += c
+    if word:
+        words.append(word)
+    whole = " ".join(words)
+    if whole in aliases:
+        return (aliases[whole],)
+    if max_moves == 1:
+        return None
+    moves = [m.strip(STRIPPED) for m in "".join(" " if c == "," else c for c in whole).split(" ")]
+    moves = [m for m in moves if m]
+    if not 1 <= len(moves) <= max_moves or any(m not in aliases for m in moves):
+        return None
+    return tuple(aliases[m] for m in moves)
+
+
+#: Look-alikes of the letters of every game's spellings: compatibility and case-folding
+#: variants outside ASCII (Kelvin sign, long s, dotless i, fullwidth and mathematical letters,
+#: ligatures), invisible characters and non-ASCII spaces.
+LOOKALIKES = ["\u212a", "\u017f", "\u0131", "\u0130", "\uff43", "\uff25", "\U0001d41c", "\ufb00", "\u00a0", "\u2003",
+              "\u200b", "\u202e", "\u3000", "\u1e9e", "\u00df"]
+SPELLING_PARTS = st.sampled_from(["c", "h", "e", "k", "b", "t", "u", "p", "l", "f", "r", "i", "g", "d", "o", "w", "n",
+                                  "s", "a", "1", "2", "3", "C", "K", "B", ",", " ", "\t", ".", "'", *LOOKALIKES])
+CONTENT = st.one_of(st.text(max_size=30), st.lists(SPELLING_PARTS, max_size=24).map("".join),
+                    st.sampled_from(sorted(KUHN_OPEN) + sorted(SOKOBAN) + sorted(TTT)).flatmap(
+                        lambda word: st.lists(st.sampled_from(list(word) + LOOKALIKES), min_size=1, max_size=8)
+                        .map("".join)))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(content=CONTENT, game=st.sampled_from([(KUHN_OPEN, 1), (TTT, 1), (SOKOBAN, 3)]))
+@example(content="chec\u212a", game=(KUHN_OPEN, 1))
+@example(content="\uff43heck", game=(KUHN_OPEN, 1))
+@example(content="check\u00a0", game=(KUHN_OPEN, 1))
+@example(content="up>left", game=(SOKOBAN, 3))
+@example(content="up;left|down", game=(SOKOBAN, 3))
+def test_the_replies_that_parse_as_legal_are_exactly_the_documented_ones(content, game):
+    aliases, max_moves = game
+    assume("<" not in content)  # the tag's own rules are tested above
+    parsed = parse_action(f"<action>{content}</action>", aliases, max_moves=max_moves)
+    expected = documented(content, aliases, max_moves)
+    assert (parsed.actions if parsed.valid else None) == expected
+    if parsed.valid:  # whatever is legal is ASCII around its spellings: no letter outside ASCII got in
+        assert all(ord(c) < 128 for c in content)
+
+
+def test_letters_outside_ascii_never_become_moves():
+    assert not parse_action("<action>chec\u212a</action>", KUHN_OPEN).valid  # Kelvin sign: 'K'.lower() == 'k'
+    assert not parse_action("<action>\uff42et</action>", KUHN_OPEN).valid  # fullwidth b
+    assert not parse_action("<action>pa\u017fs</action>", KUHN_OPEN).valid  # long s casefolds to s
+    assert not parse_action("<action>A\u0131</action>", TTT).valid
+    assert not parse_action("<action>up,\u00a0left</action>", SOKOBAN, max_moves=3).valid
+
+
+def test_sokoban_moves_are_separated_by_commas_and_spaces_only():
+    assert parse_action("<action>up,left  down</action>", SOKOBAN, max_moves=3).actions == (0, 2, 1)
+    for separator in (">", "/", "-", ";", "|", "->"):
+        parsed = parse_action(f"<action>up{separator}left</action>", SOKOBAN, max_moves=3)
+        assert not parsed.valid, separator
+
+
+@settings(max_examples=500, deadline=None)
+@given(content=st.text(max_size=60), max_moves=st.integers(1, 3))
+@example(content="x\u202ey\x00z\u2028\x1b[31m", max_moves=1)
+def test_a_reason_quotes_no_control_character(content, max_moves):
+    import unicodedata
+
+    reason = parse_action(f"<action>{content}</action>", SOKOBAN if max_moves > 1 else KUHN_OPEN,
+                          max_moves=max_moves).reason
+    if reason is not None:
+        assert not [c for c in reason if unicodedata.category(c)[0] == "C" or (unicodedata.category(c)[0] == "Z"
+                                                                            and c != " ")], reason
+
+
+def test_every_game_s_spellings_are_ascii():
+    """The rule above relies on it: a spelling outside ASCII could never be matched. (Every
+    seat and a few starts; an opponent's first move is made, where it moves first, by the
+    game's default opponent.)"""
+    from mage.games import make_game
+    from mage.opponents import REGISTRY, make
+
+    for name in ("kuhn_poker", "tic_tac_toe", "sokoban"):
+        game = make_game(name)
+        for seed in range(4):
+            for seat in (0, 1) if name != "sokoban" else (0,):
+                opponent = make(name, sorted(REGISTRY[name])[0])
+                episode = game.new_episode(game.initial_state(seed, agent_seat=seat), opponent)
+                spellings = episode.action_aliases()
+                assert spellings and all(word.isascii() for word in spellings), (name, spellings)

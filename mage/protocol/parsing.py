@@ -8,9 +8,16 @@ or evaluates anything. Rules (docs/method.md, The meta-episode):
   tags while deliberating); an unclosed ``<think>`` swallows the rest of the reply.
 * The first ``<action>`` tag counts; its content runs to the first ``</action>`` after it.
   Nested opening tags inside it, an unclosed tag, or no tag at all make the reply invalid.
-* The content is matched, case-insensitively and ignoring surrounding quotes and
-  punctuation, against the legal actions' accepted spellings. Games with several moves per
-  turn (Sokoban: up to 3) take a comma- or space-separated list.
+* The content is matched against the legal actions' accepted spellings, which are ASCII, in
+  ASCII only (:func:`normalise`): its ASCII letters are lower-cased, ASCII quotes,
+  punctuation and white space around it are dropped, and runs of ASCII white space inside it
+  become one space. Nothing else is changed, so a character outside ASCII (the Kelvin sign,
+  a full-width letter, a no-break space) matches no spelling: no Unicode case folding or
+  compatibility mapping can turn an invalid reply into a legal move. Games with several moves
+  per turn (Sokoban: up to 3) take a list separated by commas, ASCII white space, or both
+  (``up, left left``); no other separator.
+* A reason quotes model output with control and format characters escaped (``\\u202e``):
+  reasons go into tables and logs.
 * A reflection is the content of the first ``<remark>`` tag; a missing or empty one gives
   an empty reflection and counts as invalid.
 """
@@ -18,6 +25,7 @@ or evaluates anything. Rules (docs/method.md, The meta-episode):
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,8 +47,10 @@ _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|\Z)", _TAG_FLAGS | re.DOTALL)
 _THINK_CLOSE = re.compile(re.escape("</think>"), _TAG_FLAGS)
 _TAGS = {tag: (re.compile(re.escape(f"<{tag}>"), _TAG_FLAGS), re.compile(re.escape(f"</{tag}>"), _TAG_FLAGS))
          for tag in ("action", "remark", "think")}
-_MOVE_SEPARATORS = re.compile(r"[\s,;|>/\-]+")
-_STRIP_CHARS = " \t\r\n\"'`.!?:*()[]{}"
+_MOVE_SEPARATORS = re.compile(r"[ \t\r\n\f\v,]+")
+_ASCII_SPACE = re.compile(r"[ \t\r\n\f\v]+")
+_STRIP_CHARS = " \t\r\n\f\v\"'`.!?:*()[]{}"
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 @dataclass(frozen=True)
@@ -107,20 +117,34 @@ def extract_tag(response: str, tag: str) -> TagContent:
 
 
 def normalise(text: str) -> str:
-    """Lower case, outer quotes/punctuation removed, inner white space collapsed."""
-    return " ".join(text.strip(_STRIP_CHARS).lower().split())
+    """ASCII letters lower-cased, outer ASCII quotes/punctuation/white space removed, inner runs
+    of ASCII white space made one space; every other character kept as it is."""
+    return _ASCII_SPACE.sub(" ", text.strip(_STRIP_CHARS).translate(_ASCII_LOWER))
+
+
+def _invisible(c: str) -> bool:
+    category = unicodedata.category(c)
+    return category[0] == "C" or (category[0] == "Z" and c != " ")
+
+
+def escaped(text: str) -> str:
+    """``text`` with control, format, unassigned and separator characters other than the ASCII
+    space (Unicode categories C* and Z*) written as ``\\uXXXX``: safe in a table cell or a log
+    line, and a no-break space is not taken for a space."""
+    return "".join(c if not _invisible(c) else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+                   for c in text)
 
 
 def _shown(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "..."
+    text = _ASCII_SPACE.sub(" ", text.strip(" \t\r\n\f\v"))
+    return escaped(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "...")
 
 
 def parse_action(response: str, aliases: Mapping[str, int], max_moves: int = 1) -> ParsedAction:
     """Parse the first ``<action>`` of ``response`` against ``aliases`` (spelling -> id).
 
     With ``max_moves == 1`` the whole content must name one action. With more, the content
-    is a list of 1..max_moves actions separated by commas or white space.
+    is a list of 1..max_moves actions separated by commas or ASCII white space.
     """
     found = extract_tag(response, "action")
     if found.content is None:
