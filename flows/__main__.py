@@ -84,10 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     from flows.common import TRAINING_FLOWS
     from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError
     from mage.memory import check_fits
+    from mage.path_checks import check_paths
     from mage.settings import SettingsError, load_settings
 
-    try:  # a wrong key, or a plan that cannot fit the GPU, fails here, before a Prefect server or any work
+    try:  # a wrong key, a path that cannot be used, or a plan that cannot fit the GPU fails here, before a
+        # Prefect server or any work
         settings = load_settings(args.overrides, args.config_file)
+        check_paths(settings)
         if args.flow in TRAINING_FLOWS:
             check_fits(settings)
     except SettingsError as error:

@@ -9,6 +9,7 @@ from prefect import get_run_logger
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from mage.memory import check_fits
+from mage.path_checks import check_paths
 from mage.sections import FlowConfig
 from mage.settings import Settings, load_settings
 
@@ -17,10 +18,12 @@ TRAINING_FLOWS = ("train", "pipeline")
 
 
 def settings_for(overrides: Sequence[str] | None, config_file: str | None, trains: bool = False) -> Settings:
-    """Compose and validate before any work: a wrong key fails the flow run at once, and so
-    does, for a flow that ``trains``, a configuration whose memory plan cannot fit its GPU
+    """Compose and validate before any work: a wrong key fails the flow run at once, and so do
+    paths that cannot be written or loaded (:func:`mage.path_checks.check_paths`) and, for a
+    flow that ``trains``, a configuration whose memory plan cannot fit its GPU
     (:func:`mage.memory.check_fits`)."""
     settings = load_settings(list(overrides or []), config_file)
+    check_paths(settings)
     if trains:
         check_fits(settings)
     return settings
