@@ -287,11 +287,44 @@ def load_settings(overrides: Sequence[str] = (), config_file: str | Path | None 
         raise SettingsError("overrides apply to the params/ tree; a composed config file is used as it is")
     if config_file is not None:
         return Settings.from_config(read_config_file(config_file), str(config_file))
+    for override in overrides:
+        check_override_syntax(override)
     try:
         cfg, sources = compose_with_sources(list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
         raise SettingsError(f"{_one_line(error)}{_allowed_keys_hint(str(error), overrides)}") from None
     return Settings.from_config(cfg, sources)
+
+
+#: An override's key: ``+``/``++``/``~`` and a dotted name (group options may hold ``@``).
+_OVERRIDE_KEY = re.compile(r"(\+\+|\+|~)?([A-Za-z_][A-Za-z0-9_.@/-]*)")
+
+
+def check_override_syntax(override: str) -> None:
+    """One override as Hydra's parser reads it, or a :class:`SettingsError` in this project's
+    form, naming the key and what to do (Hydra's lexer says "no viable alternative" first)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    key, equals, value = override.partition("=")
+    if not equals and not override.startswith("~"):
+        raise SettingsError(f"{override!r}: an override is key=value (for example train.iterations=20)")
+    match = _OVERRIDE_KEY.fullmatch(key)
+    if match is None:
+        raise SettingsError(f"{key!r}: not a config key (letters, digits, '_' and '.'; for example run.name=...)")
+    name = match.group(2)
+    try:
+        OverridesParser.create().parse_override(override)
+    except Exception as error:  # Hydra's parser raises several kinds; each becomes one line
+        if not value.isascii():
+            why = "characters outside ASCII must be quoted"
+        elif value.count('"') % 2 or value.count("'") % 2:
+            why = "a quote is not closed"
+        elif any(value.count(a) != value.count(b) for a, b in ("[]", "{}", "()")):
+            why = "a bracket is not closed"
+        else:
+            why = _one_line(error).split("; See https://")[0]
+        raise SettingsError(f"{name}: cannot read the value {value!r}: {why}; quote a text value, in the shell "
+                            f"too: '{name}=\"...\"'") from None
 
 
 def read_config_file(path: str | Path) -> DictConfig:

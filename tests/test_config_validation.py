@@ -9,6 +9,7 @@ Prefect flow run starts.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -312,3 +313,47 @@ def test_an_objective_or_estimator_that_is_not_registered_is_named_with_the_regi
     with pytest.raises(SettingsError, match=r"^algo.objective: must be one of \['cumulative', 'differential', "
                                             r"'single_episode'\]"):
         load_settings(["algo.objective=final"])
+
+
+# -- overrides Hydra's parser cannot read: one line in the project's form --------------------
+KEYS = st.sampled_from(["run.name", "train.learning_rate", "engine.groups", "game", "+experiment", "flow.ray.address"])
+UNREADABLE = st.one_of(
+    st.text(st.characters(min_codepoint=0xA0, max_codepoint=0x2FFF), min_size=1, max_size=8),  # outside ASCII, unquoted
+    st.sampled_from(["[1,2", "{a:", "[", "{", "'abc", '"abc', "a'b", "[1,[2]", "((x"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(KEYS, UNREADABLE, st.sampled_from(["", "ok-"]))
+def test_an_unreadable_override_is_one_line_naming_its_key(key, value, prefix):
+    """Non-ASCII unquoted values, unbalanced brackets and quotes: Hydra's lexer would say "no
+    viable alternative" first; the project says which key, why, and to quote it."""
+    text = f"{key}={prefix}{value}"
+    with pytest.raises(SettingsError) as raised:
+        load_settings([text])
+    message = str(raised.value)
+    name = key.lstrip("+")
+    assert message.startswith(f"{name}: cannot read the value "), message
+    assert "\n" not in message and "viable" not in message and "hydra.cc" not in message, message
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("run.name=ünïcødé", "run.name: cannot read the value 'ünïcødé': characters outside ASCII must be quoted"),
+    ("train.learning_rate=[1,2", "train.learning_rate: cannot read the value '[1,2': a bracket is not closed"),
+    ('run.name="abc', "run.name: cannot read the value '\"abc': a quote is not closed"),
+    ("train.iterations", "'train.iterations': an override is key=value"),
+    ("rün.name=x", "'rün.name': not a config key"),
+    ("=3", "'': not a config key"),
+])
+def test_each_kind_of_unreadable_override_says_what_is_wrong(text, message, capsys):
+    with pytest.raises(SettingsError, match=f"^{re.escape(message)}"):
+        load_settings([text])
+    assert flows_cli.main(["train", text]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"config error: {message}") and "\n" not in err, err
+
+
+def test_a_quoted_value_outside_ascii_is_read_and_then_validated():
+    with pytest.raises(SettingsError, match="^run.name must be a plain name"):
+        load_settings(['run.name="ünïcødé"'])
+    assert load_settings(["run.name='a-b_c.1'"]).run_name == "a-b_c.1"
