@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-dir", help="report: the starting policy's tables (default: paths.start_evaluation)")
     parser.add_argument("--no-report", action="store_true", help="evaluate: write the tables only")
     parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of a config error, a damaged file or a run in use (default: one line)")
+                        help="show the traceback of a config error, a damaged file, a refused write or a run in use "
+                             "(default: one line)")
     args = parser.parse_args(argv)
     kwargs = {"overrides": args.overrides, "config_file": args.config_file}
     if args.flow == "evaluate":
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--checkpoint, --start, --split, --out-dir, --evaluation-dir, --start-dir and --no-report "
                      "belong to evaluate or report")
     from flows.common import TRAINING_FLOWS
-    from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError
+    from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError, StorageError
     from mage.memory import check_fits
     from mage.path_checks import check_paths
     from mage.settings import SettingsError, load_settings
@@ -101,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     from flows.server import PrefectAPIError, prefect_api
 
     if not args.debug:
-        quiet_tracebacks_of((CorruptFileError, IncompatibleFilesError, RunLockedError))
+        quiet_tracebacks_of((CorruptFileError, IncompatibleFilesError, RunLockedError, StorageError))
     try:
         with prefect_api(settings.flow.api_timeout_seconds, settings.flow.server_start_timeout_seconds):
             load(args.flow)(**kwargs)
     # what the user fixes, not a bug: one line
-    except (CorruptFileError, IncompatibleFilesError, RunLockedError, PrefectAPIError) as error:
+    except (CorruptFileError, IncompatibleFilesError, RunLockedError, StorageError, PrefectAPIError) as error:
         if args.debug:
             raise
         print(f"error: {error}", file=sys.stderr)

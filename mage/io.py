@@ -7,6 +7,7 @@ POSIX file systems when source and target are in the same directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
@@ -35,19 +36,73 @@ def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
     return digest.hexdigest()
 
 
+#: What the operating system says when a write cannot be done, and what to do about it.
+STORAGE_REMEDIES = {
+    errno.ENOSPC: "free space on that file system (`df -h`) or set paths.artifacts to another one",
+    errno.EDQUOT: "free space within your disk quota or set paths.artifacts to another file system",
+    errno.EACCES: "give this user write permission there or set paths.artifacts to a folder it may write in",
+    errno.EPERM: "give this user write permission there or set paths.artifacts to a folder it may write in",
+    errno.EROFS: "set paths.artifacts to a file system mounted for writing",
+}
+#: How libraries that do not raise ``OSError`` (safetensors' writer) word the same errors.
+_STORAGE_WORDS = {os.strerror(code): code for code in STORAGE_REMEDIES}
+
+
+class StorageError(RuntimeError):
+    """A write the file system refused (no space, no permission, read-only). One line: the
+    file, what happened and what to do; nothing half-written stays (writes here are atomic), so
+    the same command, run again once it is fixed, goes on from what was saved."""
+
+    def __init__(self, path: str | os.PathLike, code: int) -> None:
+        super().__init__(f"{path}: {os.strerror(code)} while writing it; {STORAGE_REMEDIES[code]}, then run the "
+                         "same command again (nothing half-written is kept)")
+        self.path, self.errno = Path(path), code
+
+    transient = False  # tasks.caching.is_transient: trying again at once meets the same file system
+
+
+def storage_error(path: str | os.PathLike, error: BaseException) -> StorageError | None:
+    """``error`` as a :class:`StorageError` about ``path``, where it is one of
+    :data:`STORAGE_REMEDIES`' (as an ``OSError`` or in another library's words); else None."""
+    if isinstance(error, StorageError):
+        return error
+    code = getattr(error, "errno", None)
+    if isinstance(error, OSError) and code in STORAGE_REMEDIES:
+        return StorageError(getattr(error, "filename", None) or path, code)
+    text = str(error)
+    for words, found in _STORAGE_WORDS.items():
+        if words in text:
+            return StorageError(path, found)
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Inside, a refused write (:func:`storage_error`) raises a :class:`StorageError` about ``path``."""
+    try:
+        yield
+    except Exception as error:
+        refused = storage_error(path, error)
+        if refused is None or refused is error:
+            raise
+        raise refused from None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically."""
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` atomically. A
+    write the file system refuses is a :class:`StorageError` naming ``path``."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        try:
+            yield Path(tmp)
+            os.replace(tmp, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
@@ -119,21 +174,22 @@ def replace_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> 
     import shutil
 
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    tmp.rmdir()
-    try:
-        write(tmp)
-        if target.exists():
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with writing(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        tmp.rmdir()
+        try:
+            write(tmp)
+            if target.exists():
+                old = target.with_name(f".{target.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(target, old)
+                os.rename(tmp, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
