@@ -1,10 +1,12 @@
 """Test-wide settings: offline, quiet, no telemetry."""
 
 import atexit
+import contextlib
 import functools
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # Prefect keeps its database, results and cache records under PREFECT_HOME: a fresh one per
 # test session, so tests never read a developer's (or an earlier session's) cache.
@@ -330,3 +332,19 @@ def ray_cluster():
             yield cluster.address
         finally:
             cluster.shutdown()
+
+
+@contextlib.contextmanager
+def tmpfs_at(mount: Path, options: str):
+    """A tmpfs mounted at ``mount`` (made here) with ``options`` for the block, where this machine
+    lets the tests mount one (root in a container); else the test is skipped."""
+    import subprocess
+
+    mount.mkdir(exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

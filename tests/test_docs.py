@@ -427,6 +427,21 @@ def check_flags_in_source(args: list[str], *sources: Path) -> str | None:
     return None
 
 
+def parsed_command_line(main, args: list[str], fixtures: Fixtures) -> tuple[list[str] | None, str | None]:
+    """A ``python -m flows``/``mage`` command line as its own parser reads it: its overrides, or
+    (None, None) where there is nothing to check (a placeholder, ``--help`` that exits 0), or
+    (None, what is wrong)."""
+    import mage.settings
+
+    if not args or is_placeholder(args[0]):
+        return None, None
+    if args in (["--help"], ["-h"]):
+        with pytest.raises(SystemExit) as exit:
+            main(args)
+        return None, None if exit.value.code == 0 else f"exit status {exit.value.code}"
+    return parses(main, args, fixtures, mage.settings)
+
+
 def check_command(command: Command, fixtures: Fixtures) -> str | None:
     """None where the command runs or names options that exist, else what is wrong."""
     argv = list(command.argv)
@@ -434,18 +449,11 @@ def check_command(command: Command, fixtures: Fixtures) -> str | None:
         argv = ["pytest", *argv[3:]]
     if argv[:3] == ["python", "-m", "flows"]:
         import flows.__main__
-        import mage.settings
 
         args = argv[3:]
-        if not args or is_placeholder(args[0]):
-            return None
-        if args in (["--help"], ["-h"]):
-            with pytest.raises(SystemExit) as exit:
-                flows.__main__.main(args)
-            return None if exit.value.code == 0 else f"exit status {exit.value.code}"
-        overrides, said = parses(flows.__main__.main, args, fixtures, mage.settings)
+        overrides, said = parsed_command_line(flows.__main__.main, args, fixtures)
         if overrides is None:
-            return f"python -m flows does not accept it: {said}"
+            return said and f"python -m flows does not accept it: {said}"
         if command.error_shown:
             return check_error_shown(command, overrides)
         return check_overrides(overrides)
@@ -455,18 +463,11 @@ def check_command(command: Command, fixtures: Fixtures) -> str | None:
             [a for a in args if not a.startswith("-") and not re.fullmatch(r"\d+", a)])
     if argv[:3] == ["python", "-m", "mage"]:
         import mage.__main__
-        import mage.settings
 
         args = argv[3:]
-        if not args or is_placeholder(args[0]):
-            return None
-        if args in (["--help"], ["-h"]):
-            with pytest.raises(SystemExit) as exit:
-                mage.__main__.main(args)
-            return None if exit.value.code == 0 else f"exit status {exit.value.code}"
-        overrides, said = parses(mage.__main__.main, args, fixtures, mage.settings)
+        overrides, said = parsed_command_line(mage.__main__.main, args, fixtures)
         if overrides is None:
-            return f"python -m mage does not accept it: {said}"
+            return said and f"python -m mage does not accept it: {said}"
         problem = check_overrides(overrides)
         options = {a.split("=")[0] for a in args if a.startswith("-")}
         if problem or args[0] not in ("config", "plan") or any(is_placeholder(a) for a in args) \

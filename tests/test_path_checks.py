@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tmpfs_at
 
 from mage.path_checks import check_paths
 from mage.settings import SettingsError, load_settings
@@ -57,16 +58,9 @@ def test_a_read_only_file_system_and_a_folder_without_permission_are_named(tmp_p
 
 def test_a_real_read_only_mount_is_named(tmp_path):
     """A read-only tmpfs, where this machine lets the tests mount one (root in a container)."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
+    with tmpfs_at(tmp_path / "ro", "ro,size=1m") as mount:
         with pytest.raises(SettingsError, match=f"^paths.artifacts: {mount}/run is on a read-only file system"):
             check_paths(settings_with(f"paths.artifacts={mount}/run"))
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_model_path_that_is_neither_a_model_folder_nor_a_hub_id_is_named(tmp_path):

@@ -86,6 +86,22 @@ def table_gap(table: pl.DataFrame, reference: list[list[float]]) -> float:
     return max(gaps)
 
 
+def checkpoints_read_back(monkeypatch) -> list[str]:
+    """From now on, the checkpoints any vLLM engine of this process loads from disk."""
+    from mage.backends import vllm
+
+    read_back: list[str] = []
+    load = vllm.Engine.load_weights
+
+    def counted(self, source):
+        if source != self.weights and source != self.spec.model:
+            read_back.append(source)
+        load(self, source)
+
+    monkeypatch.setattr(vllm.Engine, "load_weights", counted)
+    return read_back
+
+
 def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, monkeypatch):
     """Two iterations of full fine-tuning on the module's engine (first in the module: it holds
     the starting weights): every update reaches it through memory, checked, and no checkpoint is
@@ -95,15 +111,7 @@ def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, m
     from mage.settings import load_settings
     from tasks import state as memory
 
-    read_back = []
-    load = vllm.Engine.load_weights
-
-    def counted(self, source):
-        if source != self.weights and source != self.spec.model:
-            read_back.append(source)
-        load(self, source)
-
-    monkeypatch.setattr(vllm.Engine, "load_weights", counted)
+    read_back = checkpoints_read_back(monkeypatch)
     memory.forget()
     result = train(settings, progress=False)
     assert result.iterations == [1, 2]
@@ -190,15 +198,7 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     saved = steps.save(state, steps.update(state, table, 1))
     probe = state.probe(table)
     expected = probe_logprobs(state.policy, probe)
-    read_back = []
-    load = vllm.Engine.load_weights
-
-    def counted(self, source):
-        if source != self.weights and source != self.spec.model:
-            read_back.append(source)
-        load(self, source)
-
-    monkeypatch.setattr(vllm.Engine, "load_weights", counted)
+    read_back = checkpoints_read_back(monkeypatch)
     worker = RolloutWorker(settings)
     worker.sample_from(None)  # this process's engine (holding another trainer's weights), nothing loaded
     taken = worker.take_weights(str(saved.path), vllm_sync.encoded(state.policy.model.state_dict().items()), probe,
