@@ -58,12 +58,12 @@ def test_other_errors_pass_through_unchanged(tmp_path):
 
 def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_no_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
     """safetensors reports a full disk in its own words (a SafetensorError, not an OSError)."""
+    from conftest import algo_config, train_config
     from safetensors import SafetensorError
 
     from mage.models.policy import load_policy
     from mage.train import checkpoint as ckpt
     from mage.train.trainer import PolicyTrainer
-    from conftest import algo_config, train_config
 
     policy = load_policy(str(tiny_model_dir), dtype="float32", device="cpu")
     trainer = PolicyTrainer(policy, train_config(), algo_config())

@@ -106,7 +106,7 @@ def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, m
     """Two iterations of full fine-tuning on the module's engine (first in the module: it holds
     the starting weights): every update reaches it through memory, checked, and no checkpoint is
     read back; with the push skipped, a third iteration stops the run."""
-    from mage.backends import vllm, vllm_sync
+    from mage.backends import vllm_sync
     from mage.run import RunLayout, train
     from mage.settings import load_settings
     from tasks import state as memory
@@ -187,7 +187,7 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     """A Ray actor's rollout worker (RolloutWorker.take_weights; tests/test_weight_push.py for
     hf): the update's weights, encoded as they cross processes, into its engine, checked; the
     checkpoint they are named after is then held, never read."""
-    from mage.backends import vllm, vllm_sync
+    from mage.backends import vllm_sync
     from mage.run import steps
     from mage.run.state import RolloutWorker, probe_logprobs, start_training
     from mage.settings import load_settings
