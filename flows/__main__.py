@@ -15,20 +15,46 @@ import argparse
 import os
 import sys
 
+#: Seconds the command has, after its first stop signal, to record the flow's final state and
+#: stop the temporary server; past them it exits at once (the kernel releases the run's lock
+#: and ends the server, and the next start removes the temporaries).
+STOP_GRACE_SECONDS = 30.0
+
+
+class Stopped(SystemExit):
+    """A stop signal (SIGTERM, SIGINT) received: an ordinary exit with status 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
 
 def die_with_parent() -> None:
-    """End this process when the process that started it dies (Linux), and turn SIGTERM into
-    an ordinary exit so that context managers run (the run's lock, the temporary Prefect
-    server). A `dvc repro` that is killed then does not leave its stage running on its own."""
+    """End this process when the process that started it dies (Linux), and turn SIGTERM and
+    SIGINT into an ordinary exit (:class:`Stopped`) so that context managers run (the run's
+    lock, temporaries, the flow's final state, then the temporary Prefect server). A `dvc
+    repro` that is killed then does not leave its stage running on its own. A further signal
+    while that exit runs is ignored (a second exception inside Prefect's crash handling would
+    leave the run's state unrecorded); the exit is bounded by :data:`STOP_GRACE_SECONDS`."""
     import signal
+    import threading
 
-    def exit_on_term(signum, frame):
-        raise SystemExit(128 + signum)
+    stopping: list[int] = []
+
+    def stop(signum, frame):
+        if stopping:
+            return
+        stopping.append(signum)
+        watchdog = threading.Timer(STOP_GRACE_SECONDS, os._exit, (128 + signum,))
+        watchdog.daemon = True
+        watchdog.start()
+        raise Stopped(signum)
 
     from flows.server import end_with_parent
 
     parent = os.getppid()
-    signal.signal(signal.SIGTERM, exit_on_term)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     end_with_parent()
     if os.getppid() != parent:  # the parent died before prctl: no signal would come
         raise SystemExit(128 + signal.SIGTERM)
@@ -116,5 +142,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    die_with_parent()
-    sys.exit(main())
+    try:
+        die_with_parent()
+        status = main()
+    except Stopped as stopped:  # everything has ended by now: the flow, its lock, the server
+        import signal
+
+        print(f"stopped by {signal.Signals(stopped.signum).name}", file=sys.stderr)
+        status = stopped.code
+    sys.exit(status)

@@ -5,6 +5,8 @@ With ``PREFECT_API_URL`` set, that server must answer ``/health`` within
 process that outlives a flow killed with SIGKILL (or a killed ``dvc repro``). So the command
 starts that server itself: ``prefect server start`` on 127.0.0.1 and a free port, tied to this
 process by ``PR_SET_PDEATHSIG`` (Linux), and stopped when the command ends, however it ends.
+It runs in a session of its own, so a stop signal sent to the command's process group reaches
+the flow only: the flow ends and records its state, then the server is stopped.
 
 First starts that share a Prefect home are serialised by a lock: two servers migrating one
 new database at once fail with ``sqlite3.OperationalError: no such table``.
@@ -114,6 +116,9 @@ def temporary_server(home: Path, startup_timeout: float) -> Iterator[str]:
             process = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                # its own session: a signal sent to this command's process group (Ctrl-C, `timeout`,
+                # a killed job) stops the flow, which records its final state, and only then the server
+                start_new_session=True,
                 preexec_fn=_ends_with_this_process())  # noqa: PLW1509 (the child calls prctl only)
         try:
             _wait_until_healthy(url, process, startup_timeout, log)

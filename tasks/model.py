@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from mage.build import prepare_model as prepare
 from mage.settings import Settings
@@ -14,4 +14,7 @@ from tasks.refs import FileRef
       **TASK_DEFAULTS)
 def prepare_model(settings: Settings) -> FileRef:
     """Build the tiny preset, or fetch a hub model into the local cache; reference its directory."""
+    model = settings.model
+    get_run_logger().info(f"preparing {model.path}" + (" (the tiny preset is built if it is not there)"
+                                                       if model.build == "tiny" else ""))
     return FileRef.of(prepare(settings, progress=False), "directory")
