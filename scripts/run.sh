@@ -6,11 +6,37 @@
 #   bash scripts/run.sh -S game=tic_tac_toe     # another game
 # DVC composes params.yaml from params/ with the overrides, runs the stages whose inputs
 # changed and records the run as an experiment (`dvc exp show`).
+# One experiment at a time in a clone: `dvc exp run` writes its -S values into params.yaml
+# before it meets DVC's lock, so a second one started beside a running one would change the
+# first's parameters. A second call is refused with one line; queue experiments instead
+# (`python -m dvc exp run --queue -S ...`, then `python -m dvc queue start`: each runs in a copy
+# of its own). MAGE_SKIP_SETUP=1 uses the python on PATH as it is (the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
-bash scripts/setup.sh
-. .venv/bin/activate
+mkdir -p .dvc/tmp
+exec 9>>.dvc/tmp/mage-experiment.lock
+if ! flock -n 9; then
+  echo "error: an experiment is already running in this clone (scripts/run.sh, pid $(cat .dvc/tmp/mage-experiment.pid 2>/dev/null || echo unknown)); wait for it, or queue this one: python -m dvc exp run --queue $* && python -m dvc queue start" >&2
+  exit 2
+fi
+echo $$ > .dvc/tmp/mage-experiment.pid
+if [ "${MAGE_SKIP_SETUP:-0}" != "1" ]; then
+  bash scripts/setup.sh
+  . .venv/bin/activate
+fi
+# a DVC command started by hand holds DVC's own lock: refuse too, before params.yaml is touched
+python - "$*" <<'PY' || exit 2
+import sys
+
+import zc.lockfile
+
+try:
+    zc.lockfile.LockFile(".dvc/tmp/lock").close()
+except zc.lockfile.LockError:
+    sys.exit("error: a DVC command is running in this clone (it holds .dvc/tmp/lock); wait for it, or queue this "
+             f"experiment: python -m dvc exp run --queue {sys.argv[1]} && python -m dvc queue start")
+PY
 started=$(date +%s)
 python -m dvc exp run "$@"
 report=$(python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['paths']['report'])")

@@ -260,6 +260,53 @@ def test_two_experiments_compare_side_by_side(clone):
     assert all(name in plots for name in names)
 
 
+def test_a_second_experiment_beside_a_running_one_is_refused_and_the_first_is_saved(clone):
+    """The README's main command twice at once in one clone: the second ends at once with one
+    line (it would have written its values into the first's params.yaml); the first runs to
+    the end with its own values, saved as an experiment, and leaves the workspace in step.
+    A DVC command started by hand (DVC's own lock held) is refused the same way."""
+    import time
+
+    import zc.lockfile
+
+    root = clone["root"]
+    env = stage_env() | {"MAGE_SKIP_SETUP": "1"}  # .venv is this test run's python (stage_env's PATH)
+
+    def main_command(*overrides: str) -> list[str]:
+        return ["bash", "scripts/run.sh", *[item for o in [*OVERRIDES, "algo=grpo", "engine.episodes=1", *overrides]
+                                             for item in ("-S", o)]]
+
+    pid_file = root / ".dvc" / "tmp" / "mage-experiment.pid"
+    pid_file.unlink(missing_ok=True)
+    log = root.parent / "first-experiment.log"
+    with open(log, "w") as out:
+        first = subprocess.Popen(main_command("eval.meta_episodes=8"), cwd=root, env=env, stdout=out, stderr=out)
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text().strip() == str(first.pid)) and time.monotonic() < deadline:
+        assert first.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+    second = subprocess.run(main_command("eval.meta_episodes=12"), cwd=root, env=env, capture_output=True, text=True)
+    assert first.poll() is None, "the first experiment ended before the second was tried"
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [line for line in second.stderr.strip().splitlines()
+                                                  if line.startswith("error: an experiment is already running")]
+    assert len(second.stderr.strip().splitlines()) == 1 and f"pid {first.pid}" in second.stderr
+    assert first.wait(600) == 0, log.read_text()[-3000:]
+    assert yaml.safe_load((root / "params.yaml").read_text())["eval"]["meta_episodes"] == 8  # the first's own
+    assert dvc_status(root) == {}
+    shown = json.loads(run([sys.executable, "-m", "dvc", "exp", "show", "--json"], root))
+    assert '"meta_episodes": 8' in json.dumps(shown) and '"meta_episodes": 12' not in json.dumps(shown)
+
+    held = zc.lockfile.LockFile(str(root / ".dvc" / "tmp" / "lock"))  # as a running `dvc repro` holds it
+    try:
+        refused = subprocess.run(main_command("eval.meta_episodes=12"), cwd=root, env=env, capture_output=True,
+                                 text=True)
+    finally:
+        held.close()
+    assert refused.returncode == 2 and refused.stderr.startswith("error: a DVC command is running in this clone")
+    assert yaml.safe_load((root / "params.yaml").read_text())["eval"]["meta_episodes"] == 8  # untouched
+
+
 @pytest.mark.e2e
 def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     """SIGKILL `dvc repro` in the middle of training: its stage process ends with it, and the
