@@ -183,7 +183,7 @@ CONTENT = st.one_of(st.text(max_size=30), st.lists(SPELLING_PARTS, max_size=24).
                         .map("".join)))
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(content=CONTENT, game=st.sampled_from([(KUHN_OPEN, 1), (TTT, 1), (SOKOBAN, 3)]))
 @example(content="chec\u212a", game=(KUHN_OPEN, 1))
 @example(content="\uff43heck", game=(KUHN_OPEN, 1))
