@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mage.backends import vllm_sync
-from mage.rollout import RolloutStats, read_trajectories
+from mage.rollout import RolloutStats
 from mage.run import RunLayout, steps
 from mage.run.state import RolloutWorker, TrainingState, probe_logprobs
 from mage.sections import FlowConfig
@@ -150,7 +150,7 @@ def push_weights(state: TrainingState, checkpoint: str) -> list[dict[str, Any]]:
     import ray
 
     settings = state.settings
-    probe = state.probe(read_trajectories(RunLayout.of(settings).rollout(state.iteration)))
+    probe = state.probe(RunLayout.of(settings).rollout(state.iteration))  # read once: the probe is fixed
     expected = probe_logprobs(state.policy, probe)
     chunks = [ray.put(chunk) for chunk in vllm_sync.encoded(state.policy.model.state_dict().items())]
     calls = []

@@ -77,6 +77,11 @@ def tolerance_for(dtype: str, configured: float | None = None) -> float:
     return TOLERANCES[dtype]
 
 
+def engine_tolerance(backend: Any) -> float:
+    """:func:`tolerance_for` the dtype of ``backend``'s engine and its ``engine.vllm.sync_tolerance``."""
+    return tolerance_for(backend.engine.spec.dtype, backend.sync_tolerance)
+
+
 # -- the probe ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Probe:

@@ -29,6 +29,7 @@ import torch
 from mage.backends import Backend, vllm_sync
 from mage.backends.vllm import VLLMBackend
 from mage.models.policy import Policy, load_run_policy, rollout_backend
+from mage.rollout import read_trajectories
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from mage.train import sharded
@@ -88,11 +89,13 @@ class TrainingState:
                     f"tensors in {pushed['seconds']:.2f} s, probe log-probs within {gap:.1e} of the trainer's")
         return {"weight_sync_gap_max": gap}
 
-    def probe(self, table: pl.DataFrame) -> vllm_sync.Probe:
-        """What engines are checked on: a few rows of ``table``, fixed from the first table on."""
+    def probe(self, table: pl.DataFrame | Path) -> vllm_sync.Probe:
+        """What engines are checked on: a few rows of ``table`` (or of the trajectory file
+        ``table``, read only while there is no probe yet), fixed from the first table on."""
         if self._probe is None:
-            self._probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(),
-                                               table["response_token_ids"].to_list())
+            frame = read_trajectories(table) if isinstance(table, Path) else table
+            self._probe = vllm_sync.probe_from(frame["prompt_token_ids"].to_list(),
+                                               frame["response_token_ids"].to_list())
         return self._probe
 
     def checkpointed(self, saved: ckpt.Checkpoint) -> None:
@@ -110,7 +113,7 @@ class TrainingState:
 
     def _verify(self, backend: VLLMBackend, what: str) -> float:
         assert self._probe is not None
-        tolerance = vllm_sync.tolerance_for(backend.engine.spec.dtype, backend.sync_tolerance)
+        tolerance = vllm_sync.engine_tolerance(backend)
         return vllm_sync.verify(backend, self._probe, probe_logprobs(self.policy, self._probe), tolerance, what)
 
     def close(self) -> None:
@@ -211,7 +214,7 @@ class RolloutWorker:
         elif isinstance(self._backend, VLLMBackend):
             backend = self._backend
             vllm_sync.push_encoded(backend, chunks)
-            tolerance = vllm_sync.tolerance_for(backend.engine.spec.dtype, backend.sync_tolerance)
+            tolerance = vllm_sync.engine_tolerance(backend)
             gap = vllm_sync.verify(backend, probe, expected, tolerance, what)
             vllm_sync.name_pushed(backend, checkpoint)
         else:
