@@ -121,7 +121,8 @@ def main() -> None:
     parser.add_argument("--speed-length", type=int, default=256, help="the reply length of the tokens/s comparison")
     parser.add_argument("--speed-rows", type=int, default=8, help="rows of the tokens/s comparison (several chunks)")
     parser.add_argument("--repeats", type=int, default=3, help="measured updates per process (the fastest counts)")
-    parser.add_argument("--speed-rounds", type=int, default=2, help="fresh processes per path for the tokens/s")
+    parser.add_argument("--speed-rounds", type=int, default=2,
+                        help="fresh processes per path for the tokens/s (0: memory only)")
     parser.add_argument("--shape", default="small", help="'small' or a hub id of mage.models.shapes.SHAPES")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
@@ -164,10 +165,12 @@ def main() -> None:
         print(f"\nupdate tokens/s at {args.speed_length}-token replies, {args.speed_rows} rows: chunked "
               f"{fast['chunked']:.0f}, whole logits {fast['whole']:.0f} (ratio {fast['chunked'] / fast['whole']:.3f})")
     rounded = lambda value: None if value is None else round(value, 1)  # noqa: E731
-    print(json.dumps({"peak_mib": {str(k): rounded(v) for k, v in peak.items()},
-                      "unchunked_peak_mib": {str(k): rounded(v) for k, v in whole.items()},
-                      "tokens_per_second": {str(args.speed_length): rounded(fast["chunked"])},
-                      "unchunked_tokens_per_second": {str(args.speed_length): rounded(fast["whole"])}}))
+    measured = {"peak_mib": {str(k): rounded(v) for k, v in peak.items()},
+                "unchunked_peak_mib": {str(k): rounded(v) for k, v in whole.items()}}
+    if args.speed_rounds:  # --speed-rounds 0: memory only
+        measured |= {"tokens_per_second": {str(args.speed_length): rounded(fast["chunked"])},
+                     "unchunked_tokens_per_second": {str(args.speed_length): rounded(fast["whole"])}}
+    print(json.dumps(measured))
 
 
 if __name__ == "__main__":
