@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from mage import __version__, ceilings, io
 from mage.games import Game, checked_game
-from mage.opponents import opponent_for
+from mage.opponents import MODEL_OPPONENT, opponent_for
 from mage.sections import SPLITS, PopulationEntry
 
 if TYPE_CHECKING:
@@ -55,6 +55,9 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
                 raise ValueError(f"{where}: unknown field(s) {sorted(unknown)}; allowed: {', '.join(ENTRY_KEYS)}")
             if "opponent" not in raw:
                 raise ValueError(f"{where}: missing 'opponent'")
+            if raw["opponent"] == MODEL_OPPONENT:
+                raise ValueError(f"{where}.opponent: {MODEL_OPPONENT!r} is a league snapshot's, added while training "
+                                 "runs (population.league); name a scripted opponent")
             if entry_id in seen:
                 raise ValueError(f"{where}: id {entry_id!r} is used twice")
             seen.add(entry_id)

@@ -9,9 +9,21 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from mage.games.base import Episode, Game, InitialState, Move, Outcome
+
+
+class Replay:
+    """An opponent that plays given actions in order (the other seat of an opponent's view; the
+    betting before a decision)."""
+
+    def __init__(self, actions: Sequence[int]) -> None:
+        self.actions = list(actions)
+
+    def act(self, state: Any) -> int:
+        return self.actions.pop(0)
 
 
 class OpenSpielEpisode(Episode):
@@ -36,8 +48,35 @@ class OpenSpielEpisode(Episode):
         self.state.apply_action(action)
 
     def _let_opponent_move(self) -> None:
+        # an opponent played by a model (``deferred``) answers later, batched by the rollout
+        # engine (mage.rollout.engine): the episode waits at its turn (:attr:`opponent_to_move`)
+        if getattr(self.opponent, "deferred", False):
+            return
         while not self.state.is_terminal() and self.state.current_player() != self.agent:
             self._apply("opponent", int(self.opponent.act(self.state)))
+
+    @property
+    def opponent_to_move(self) -> bool:
+        """The episode waits for a deferred opponent's move."""
+        return not self.state.is_terminal() and self.state.current_player() != self.agent
+
+    def apply_opponent_action(self, action: int) -> None:
+        """A deferred opponent's move (a legal one: the engine replaces an invalid reply)."""
+        if not self.opponent_to_move:
+            raise ValueError("it is not the opponent's turn")
+        if action not in self.state.legal_actions():
+            raise ValueError(f"illegal {self.game.name} action {action}")
+        self._apply("opponent", int(action))
+
+    def opponent_view(self) -> OpenSpielEpisode:
+        """The episode as the opponent sees it: the same moves, seated in the opponent's seat,
+        so that its rendering shows the opponent's card or marks and hides the agent's."""
+        mine = [m.action for m in self.history if m.actor == "agent"]
+        view = self.game.new_episode(replace(self.initial, agent_seat=1 - self.agent), Replay(mine))
+        for move in self.history:
+            if move.actor == "opponent":
+                view.apply_agent_actions([move.action])
+        return view
 
     def apply_agent_actions(self, actions: Sequence[int]) -> None:
         for action in actions:

@@ -14,7 +14,7 @@ from typing import Any
 import pyspiel
 
 from mage.opponents import kuhn_poker, tic_tac_toe
-from mage.opponents.base import Opponent
+from mage.opponents.base import MODEL_OPPONENT, ModelSeat, Opponent
 from mage.sections import PopulationEntry
 
 REGISTRY: dict[str, dict[str, Callable[..., Opponent]]] = {
@@ -44,9 +44,12 @@ def make(game_name: str, opponent_name: str, **params: Any) -> Opponent | None:
     return factory(game, **params)
 
 
-def opponent_for(entry: PopulationEntry) -> Opponent | None:
-    """A population entry's opponent (None for Sokoban's levels)."""
+def opponent_for(entry: PopulationEntry) -> Opponent | ModelSeat | None:
+    """A population entry's opponent (None for Sokoban's levels; a :class:`ModelSeat` for a
+    league snapshot, which the rollout engine moves)."""
+    if entry.opponent == MODEL_OPPONENT:
+        return ModelSeat(entry.id)
     return make(entry.game, entry.opponent, **entry.params)
 
 
-__all__ = ["Opponent", "REGISTRY", "make", "opponent_for"]
+__all__ = ["MODEL_OPPONENT", "ModelSeat", "Opponent", "REGISTRY", "make", "opponent_for"]

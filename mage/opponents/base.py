@@ -51,3 +51,34 @@ class Opponent(openspiel_policy.Policy):
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}({params})"
+
+
+#: The ``opponent`` of a population entry played by a model (a league snapshot): the league
+#: adds such entries while training runs; a configuration cannot name it.
+MODEL_OPPONENT = "model"
+
+
+class ModelSeat:
+    """An opponent played by a model, a frozen snapshot of the agent (docs/method.md, "The
+    league"). It has no rule to call: the rollout engine asks the backend serving ``name`` for
+    its moves, batched, with a prompt built from its own view (``deferred``), and replaces an
+    invalid reply with a legal move drawn uniformly from ``rng`` (reseeded every episode)."""
+
+    rule = MODEL_OPPONENT
+    deferred = True
+    deterministic = False
+    explicit = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.description = f"the model snapshot {name}"
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, state: pyspiel.State) -> int:
+        raise RuntimeError(f"{self.name} is played by a model: the rollout engine moves it")
+
+    def __repr__(self) -> str:
+        return f"ModelSeat({self.name!r})"

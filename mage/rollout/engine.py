@@ -117,6 +117,7 @@ class MetaEpisode:
         self.number = 0
         self.phase = "play"
         self.done = False
+        self.opponent_calls = 0  # a model-played opponent's calls so far (they make no rows)
         self._start_episode()
 
     # -- episode lifecycle --------------------------------------------------------------
@@ -153,6 +154,34 @@ class MetaEpisode:
         else:
             self.finished.append(self.last)
             self._start_episode()
+
+    # -- an opponent played by a model (a league snapshot) -----------------------------------
+    @property
+    def waiting(self) -> bool:
+        """The episode waits for a model-played opponent's move (``ModelSeat``)."""
+        return not self.done and self.phase == "play" and getattr(self.episode, "opponent_to_move", False)
+
+    def opponent_request(self) -> tuple[GenerationRequest, Any]:
+        """The opponent's call: the first-episode prompt of its own view (its card or marks,
+        the moves so far; never the agent's card, reflections or earlier episodes)."""
+        view = self.episode.opponent_view()
+        prompt = prompts.play_prompt(self.game, view.initial, [], view.render_state(), 1, 1, self.cfg.context_mode)
+        return GenerationRequest(prompt.text, "play", view), view
+
+    def opponent_moved(self, view: Any, generation: Generation) -> bool:
+        """Apply the opponent's reply (a uniformly drawn legal move if it is invalid); whether
+        it was valid."""
+        parsed = parse_action(generation.text, view.action_aliases(), self.game.moves_per_turn)
+        self.opponent_calls += 1
+        if parsed.valid:
+            action = parsed.actions[0]
+        else:
+            legal = sorted(view.legal_actions().values())
+            action = legal[int(self.opponent.rng.integers(len(legal)))]
+        self.episode.apply_opponent_action(action)
+        if self.episode.is_terminal:
+            self._end_episode()
+        return parsed.valid
 
     # -- calls -----------------------------------------------------------------------------
     @property
@@ -228,6 +257,9 @@ class RolloutStats:
     generated_tokens: int = 0
     total_seconds: float = 0.0
     generation_seconds: float = 0.0
+    #: the calls of opponents played by a model (league snapshots), and how many were invalid
+    opponent_calls: int = 0
+    opponent_invalid: int = 0
 
     @property
     def outside_generation_share(self) -> float:
@@ -237,9 +269,35 @@ class RolloutStats:
 class RolloutEngine:
     """Runs planned meta-episodes with a backend; see the module docstring."""
 
-    def __init__(self, backend: Backend, cfg: RolloutConfig, game_params: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, backend: Backend, cfg: RolloutConfig, game_params: Mapping[str, Any] | None = None,
+                 opponents: Mapping[str, Backend] | None = None) -> None:
         self.backend, self.cfg, self.game_params = backend, cfg, dict(game_params or {})
+        #: the backends of opponents played by a model (``ModelSeat``), by population entry id
+        self.opponents = dict(opponents or {})
         self.last_stats = RolloutStats()
+
+    def _move_opponents(self, live: list[MetaEpisode], sampling: SamplingSettings, step: int,
+                        stats: RolloutStats) -> None:
+        """Every model-played opponent whose turn it is moves: one batched call per opponent's
+        backend, repeated while an opponent is to move (it may open the next episode)."""
+        rounds = 0
+        while waiting := [meta for meta in live if meta.waiting]:
+            by_opponent: dict[str, list[MetaEpisode]] = {}
+            for meta in waiting:
+                by_opponent.setdefault(meta.spec.entry.id, []).append(meta)
+            for name, metas in sorted(by_opponent.items()):
+                if name not in self.opponents:
+                    raise ValueError(f"opponent {name} is played by a model, and the rollout has no backend for it")
+                calls = [meta.opponent_request() for meta in metas]
+                if sampling.seed is not None:  # its own seeds: the agent's calls draw what they drew without it
+                    for meta, (request, _) in zip(metas, calls):
+                        request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.opponent_calls, 1)
+                step_sampling = sampling if sampling.seed is None else _reseeded(sampling, derive_seed(step, rounds, 1))
+                generations = self.opponents[name].generate([request for request, _ in calls], step_sampling)
+                stats.opponent_calls += len(calls)
+                for meta, (_, view), generation in zip(metas, calls, generations):
+                    stats.opponent_invalid += not meta.opponent_moved(view, generation)
+            rounds += 1
 
     def _count_tokens(self, text: str) -> int:
         return self.backend.count_prompt_tokens([text])[0]
@@ -287,6 +345,15 @@ class RolloutEngine:
                     games[key] = spec.entry.make_game(self.game_params)
                 meta = MetaEpisode(spec, games[key], self.cfg, base)
                 (finished if meta.done else live).append(meta)
+            if self.opponents or any(meta.waiting for meta in live):
+                self._move_opponents(live, sampling, step, stats)
+                ended = [meta for meta in live if meta.done]
+                if ended:
+                    live = [meta for meta in live if not meta.done]
+                    finished += ended
+                    bar.update(len(ended))
+                if not live:
+                    continue
             calls = self._requests(live, max_tokens)
             if sampling.seed is not None:
                 # Each call its own seed, from the rollout's seed, the meta-episode and its call

@@ -1,0 +1,100 @@
+"""An opponent played by a model (a league snapshot, ``ModelSeat``) in the rollout engine: it
+plays from its own view, batched, makes no rows, and an invalid reply becomes a uniformly
+drawn legal move, counted. A scripted backend in the opponent's seat must play exactly as
+the same rule does as a scripted opponent."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import polars as pl
+import pytest
+
+from mage.backends.scripted import ScriptedBackend
+from mage.games.kuhn_poker import KuhnPoker
+from mage.opponents import MODEL_OPPONENT
+from mage.rollout import RolloutEngine, plan_meta_episodes
+from tests.conftest import defaults, rollout_config, sampling
+
+
+class Recording(ScriptedBackend):
+    """A scripted backend that keeps every batch it was sent."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list[list] = []
+
+    def generate(self, requests, sampling_settings):
+        self.batches.append(list(requests))
+        return super().generate(requests, sampling_settings)
+
+
+def played(game: str, rule: str, as_model: bool, opponent_backend=None, groups: int = 8, **params):
+    settings = defaults(f"game={game}")
+    scripted = next(e for e in settings.population.train.values())
+    entry = dataclasses.replace(scripted, id="snapshot-1", opponent=MODEL_OPPONENT if as_model else rule,
+                                params={} if as_model else params, share=1.0)
+    specs = plan_meta_episodes([entry], num_groups=groups, group_size=2, seed=3)
+    opponents = {"snapshot-1": opponent_backend or ScriptedBackend({"rule": rule, **params})} if as_model else None
+    engine = RolloutEngine(ScriptedBackend("random", seed=0), rollout_config(episodes=3, group_size=2),
+                           settings.game.params, opponents=opponents)
+    table = engine.run(specs, sampling(seed=5), progress=False)
+    return table, engine.last_stats
+
+
+@pytest.mark.parametrize(("game", "rule", "params"), [
+    ("kuhn_poker", "conservative", {}), ("kuhn_poker", "aggressive", {}),
+    ("tic_tac_toe", "preferred_pattern", {"pattern": "reading_order"})])  # deterministic rules: no draws to align
+def test_a_rule_in_the_model_s_seat_plays_as_the_scripted_opponent(game, rule, params):
+    scripted, _ = played(game, rule, as_model=False, **params)
+    modelled, stats = played(game, rule, as_model=True, **params)
+    assert stats.opponent_calls > 0 and stats.opponent_invalid == 0
+    assert modelled.height == scripted.height == stats.calls  # the opponent's calls make no rows
+    assert modelled.equals(scripted)
+
+
+def test_the_opponent_sees_its_own_card_and_nothing_of_the_agent_s():
+    backend = Recording("intermediate")
+    table, stats = played("kuhn_poker", "intermediate", as_model=True, opponent_backend=backend)
+    requests = [request for batch in backend.batches for request in batch]
+    assert len(requests) == stats.opponent_calls > 0
+    assert max(len(batch) for batch in backend.batches) > 1  # batched across meta-episodes
+    names = ("Jack (J)", "Queen (Q)", "King (K)")
+    for request in requests:
+        view = request.context
+        own, agent = view.initial.data["cards"][view.agent], view.initial.data["cards"][1 - view.agent]
+        shown = request.prompt.replace(KuhnPoker().rules_text(), "")  # the rules name every card
+        assert f"Your card: {names[own]}" in shown and names[agent] not in shown
+        assert "# Episode 1 of 1 (now)" in request.prompt and "<remark>" not in request.prompt
+    # every deal the agent played was the opponent's view's too: its card is the other one
+    deals = {tuple(json.loads(s)["data"]["cards"]) for s in table["initial_state"].unique()}
+    assert {tuple(r.context.initial.data["cards"]) for r in requests} <= deals
+
+
+def test_an_invalid_opponent_reply_becomes_a_random_legal_move_and_is_counted():
+    always_invalid = ScriptedBackend("conservative", invalid_rate=1.0, seed=1)
+    table, stats = played("kuhn_poker", "conservative", as_model=True, opponent_backend=always_invalid)
+    assert stats.opponent_invalid == stats.opponent_calls > 0
+    assert table.height == stats.calls
+    ended = table.filter(pl.col("done"))
+    assert ended.height == table.filter(pl.col("phase") == "play").group_by("meta_id", "episode").len().height
+    # a conservative opponent never bets with J or Q; drawn at random, it does
+    scripted, _ = played("kuhn_poker", "conservative", as_model=False)
+    assert not table.equals(scripted)
+
+
+def test_a_model_opponent_without_a_backend_is_named():
+    settings = defaults("game=kuhn_poker")
+    entry = dataclasses.replace(next(iter(settings.population.train.values())), id="snapshot-7",
+                                opponent=MODEL_OPPONENT, params={}, share=1.0)
+    engine = RolloutEngine(ScriptedBackend("random"), rollout_config(group_size=2), settings.game.params)
+    with pytest.raises(ValueError, match="snapshot-7 is played by a model"):
+        engine.run(plan_meta_episodes([entry], 2, 2, seed=0), sampling(), progress=False)
+
+
+def test_a_configuration_cannot_name_the_model_opponent():
+    from mage.settings import SettingsError, load_settings
+
+    with pytest.raises((SettingsError, ValueError), match="league snapshot"):
+        load_settings(["game=kuhn_poker", "population.train.conservative.opponent=model"])
