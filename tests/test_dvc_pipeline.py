@@ -260,6 +260,7 @@ def test_two_experiments_compare_side_by_side(clone):
     assert all(name in plots for name in names)
 
 
+@pytest.mark.e2e
 def test_a_second_experiment_beside_a_running_one_is_refused_and_the_first_is_saved(clone):
     """The README's main command twice at once in one clone: the second ends at once with one
     line (it would have written its values into the first's params.yaml); the first runs to
