@@ -10,14 +10,14 @@ from typing import Any
 from prefect import flow
 
 from flows.common import local_timezone, logger, make_runner, settings_for, shard_workers
-from mage import io
-from mage.evaluation import recorded_policy, same_policy, same_sampling
+from mage import exploitability, io
+from mage.evaluation import EXPLOITABILITY_FILE, recorded_policy, same_policy, same_sampling
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.sections import SPLITS, splits_of
 from mage.settings import Settings
 from tasks.artifacts import publish_markdown
 from tasks.caching import configured
-from tasks.evaluation import evaluate_split, recorded_checkpoint, write_report
+from tasks.evaluation import evaluate_split, measure_exploitability, recorded_checkpoint, write_report
 from tasks.model import prepare_model
 from tasks.population import seed_population
 from tasks.ray_workers import shard_options
@@ -38,6 +38,7 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
     flow_cfg = settings.flow
     model = configured(prepare_model, flow_cfg)(settings)
     play_split = configured(evaluate_split, flow_cfg)
+    measure = configured(measure_exploitability, flow_cfg) if exploitability.measured(settings) else None
     if flow_cfg.runner == "ray":  # one task per split, side by side on the cluster
         with make_runner(flow_cfg) as runner, shard_workers(settings, runner, 0) as split_runner, \
                 shard_options(flow_cfg):
@@ -45,9 +46,18 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
                                                                    "checkpoint": checkpoint, "split": split,
                                                                    "out_dir": str(out_dir)})
                        for split in splits}
+            measured = measure and split_runner.submit(measure, {"settings": settings, "model": model,
+                                                                 "checkpoint": checkpoint, "out_dir": str(out_dir)})
             results = {split: future.result() for split, future in futures.items()}
+            found = measured.result() if measured else None
     else:  # in this process, one after the other (a vLLM engine is one per process)
         results = {split: play_split(settings, model, checkpoint, split, str(out_dir)) for split in splits}
+        found = measure(settings, model, checkpoint, str(out_dir)) if measure else None
+    if found is not None:
+        figures = io.read_json(found.resolve())
+        logger().info(f"exploitability {figures['exploitability']:.4f} chips per hand (NashConv "
+                      f"{figures['nash_conv']:.4f}; against a best response "
+                      f"{figures['value_vs_best_response']['mean']:+.4f})")
     tables = {}
     for split, result in results.items():
         tables[split] = result["table"]
@@ -63,6 +73,14 @@ def tables_in(directory: Path) -> dict[str, FileRef]:
             if (directory / f"{split}.parquet").is_file()}
 
 
+def exploitability_beside(tables: dict[str, FileRef] | None) -> FileRef | None:
+    """The ``exploitability.json`` that the evaluation which wrote ``tables`` wrote beside them (Kuhn Poker)."""
+    if not tables:
+        return None
+    found = Path(next(iter(tables.values())).path).parent / EXPLOITABILITY_FILE
+    return FileRef.of(found) if found.is_file() else None
+
+
 def report_on(settings: Settings, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: Path,
               title: str, start_tables: dict[str, FileRef] | None = None, policy: dict[str, Any] | None = None,
               compared_with: str | None = None) -> dict[str, Any]:
@@ -74,7 +92,7 @@ def report_on(settings: Settings, tables: dict[str, FileRef], checkpoint: FileRe
     history = RunLayout.of(settings).metrics
     report = configured(write_report, flow_cfg)(
         settings, manifest, tables, checkpoint, str(out_dir), FileRef.of(history) if history.is_file() else None,
-        start_tables or None, policy, compared_with,
+        start_tables or None, policy, compared_with, exploitability_beside(tables), exploitability_beside(start_tables),
     )
     markdown = report["files"]["markdown"].resolve().read_text()
     publish_markdown(title, markdown, f"Evaluation report ({', '.join(tables)}) of "

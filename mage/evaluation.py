@@ -126,6 +126,29 @@ def write_evaluation(settings: Settings, checkpoint: Checkpoint | None, split: s
     return {"table": table_path, "metrics": metrics_path, "final": final}
 
 
+EXPLOITABILITY_FILE = "exploitability.json"
+
+
+def write_exploitability(settings: Settings, checkpoint: Checkpoint | None, out_dir: str | Path) -> Path | None:
+    """Kuhn Poker, played by a model: ``exploitability.json`` in ``out_dir``, the exploitability of
+    ``checkpoint`` (None: the starting policy; :func:`mage.exploitability.of_run_policy`) with
+    its policy record; None (nothing written) for other games and the scripted backend."""
+    from mage import exploitability
+
+    if not exploitability.measured(settings):
+        return None
+    with held(checkpoint.path if checkpoint is not None else None):
+        backend = rollout_backend(settings, checkpoint=checkpoint)
+        try:
+            found = exploitability.of_run_policy(settings, exploitability.scorer(backend))
+        finally:
+            backend.release()
+    record = {"checkpoint": str(checkpoint.path) if checkpoint is not None else None,
+              "checkpoint_sha256": content_hash(checkpoint.path) if checkpoint is not None else None,
+              "iteration": checkpoint.iteration if checkpoint is not None else 0}
+    return io.write_json(Path(out_dir) / EXPLOITABILITY_FILE, {"policy": record} | found)
+
+
 def _text(value: Any) -> bool:
     """A string that can be written out (JSON's escapes can read in a lone surrogate)."""
     if not isinstance(value, str):

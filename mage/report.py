@@ -35,6 +35,7 @@ import numpy as np
 import polars as pl
 
 from mage import io
+from mage.league import rating_rows
 from mage.rollout.metrics import ALL, episode_outcomes, rollout_metrics
 from mage.stats import group_bootstrap, wilson
 
@@ -286,14 +287,21 @@ def training_summary(history: Sequence[Mapping[str, Any]], temperature: float | 
 def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], about: Mapping[str, Any],
                  episodes: int, early_stop: bool = True,
                  start_tables: Mapping[str, pl.DataFrame] | None = None,
-                 history: Sequence[Mapping[str, Any]] = (), training_temperature: float | None = None
-                 ) -> dict[str, Any]:
+                 history: Sequence[Mapping[str, Any]] = (), training_temperature: float | None = None,
+                 exploitability: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The report as JSON-able data: ``about`` (what was evaluated, and where it started),
     ``training`` (:func:`training_summary` of the run's ``history``, sampled at
     ``training_temperature``), then per split the per-opponent summary, the per-episode table
-    and, with ``start_tables``, the starting policy's summary and the gains over it."""
+    and, with ``start_tables``, the starting policy's summary and the gains over it. Kuhn
+    Poker's ``exploitability`` (:mod:`mage.exploitability`), of the ``policy`` and of its
+    ``start``, goes in as it is."""
     report: dict[str, Any] = {"about": dict(about) | {"episodes": episodes, "early_stop": early_stop},
                               "training": training_summary(history, training_temperature), "splits": {}}
+    if exploitability:
+        report["exploitability"] = {side: dict(figures) for side, figures in exploitability.items()}
+    ratings = rating_rows(history[-1:])
+    if ratings:  # population.league: the ratings after the last recorded iteration
+        report["league"] = ratings
     for split, table in tables.items():
         body = {"opponents": per_opponent(table, manifest, episodes, early_stop), "episodes": per_episode(table, manifest)}
         if start_tables is not None and split in start_tables:
@@ -308,7 +316,8 @@ def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any]
 def headline_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     """What ``dvc exp show`` compares, per split pooled over its opponents: the final-episode
     win rate (and win-or-draw rate), its ratio to the ceiling, the gain over the starting
-    policy, the first-to-final gain, the mean return and the invalid rate."""
+    policy, the first-to-final gain, the mean return and the invalid rate; on Kuhn Poker the
+    policy's exploitability and value against a best response (``start_``: its starting policy's)."""
     out: dict[str, float] = {}
     for split, body in report["splits"].items():
         pooled = next(r for r in body["opponents"] if r["opponent"] == ALL)
@@ -325,6 +334,11 @@ def headline_metrics(report: Mapping[str, Any]) -> dict[str, float]:
                 if gains[f"{metric}_gain_ci"]:  # the 95% interval: a gain counts when low > 0
                     low, high = gains[f"{metric}_gain_ci"]
                     out[f"{split}/{name}_low"], out[f"{split}/{name}_high"] = round(low, 6), round(high, 6)
+    for side, prefix in (("policy", ""), ("start", "start_")):
+        figures = report.get("exploitability", {}).get(side)
+        if figures is not None:  # Kuhn Poker, in chips per hand
+            out[f"{prefix}exploitability"] = round(figures["exploitability"], 6)
+            out[f"{prefix}value_vs_best_response"] = round(figures["value_vs_best_response"]["mean"], 6)
     return out
 
 

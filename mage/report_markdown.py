@@ -70,6 +70,29 @@ def _episodes(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         for r in rows))
 
 
+def _exploitability(sides: Mapping[str, Mapping[str, Any]], start: str) -> list[str]:
+    """Kuhn Poker: each side's exploitability, then its policy per information state."""
+    names = {"policy": "the evaluated policy", "start": start}
+    rows = [(names[side], fmt(f["exploitability"], 4), fmt(f["nash_conv"], 4),
+             fmt(f["value_vs_best_response"]["seat_0"], 4, signed=True),
+             fmt(f["value_vs_best_response"]["seat_1"], 4, signed=True),
+             fmt(f["value_vs_best_response"]["mean"], 4, signed=True)) for side, f in sides.items()]
+    lines = _table("Exploitability (Kuhn Poker, chips per hand, the first episode's policy)",
+                   ("policy", "exploitability", "NashConv", "vs best response: player 1", "player 2", "mean"), rows)
+    states = list(next(iter(sides.values()))["action_probabilities"])
+    lines += _table("The first episode's policy: P(bet or call) per information state",
+                    ("information state", *(names[side] for side in sides)),
+                    ((state, *(fmt(_aggressive(f["action_probabilities"][state]), 3) for f in sides.values())) for state in states))
+    return lines + ["", ("Read from the model by teacher forcing: the probability of replying `<action>word</action>` "
+                         "for each legal word, normalised over them. A Nash equilibrium is 0 exploitable and gets "
+                         "-1/18 as player 1, +1/18 as player 2.")]
+
+
+def _aggressive(probabilities: Mapping[str, float]) -> float | None:
+    """P(bet) where nobody has bet, P(call) facing a bet."""
+    return probabilities.get("bet", probabilities.get("call"))
+
+
 def _sampling(report: Mapping[str, Any]) -> list[str]:
     """Which sampling each figure is at, in words: the training rollouts' (``training``'s
     sentence, beside learning_curves.png) and the evaluation's (every table below)."""
@@ -86,7 +109,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     """The sampling of the figures (the training rollouts' numbers in words, see
     :func:`mage.report.training_summary`), then per split: the gains over the starting policy
     (when it was evaluated), the evaluated policy per opponent, the starting policy per
-    opponent, then the per-episode table."""
+    opponent, then the per-episode table; on Kuhn Poker, the exploitability of both policies."""
     lines = _about(report["about"]) + _sampling(report)
     # a checkpoint's tables may stand in for the starting policy's (``compared_with``)
     compared_with = report["about"].get("compared_with")
@@ -98,6 +121,13 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         if "start" in body:
             lines += _opponents(split, body["start"]["opponents"], compared_with or "the starting policy")
         lines += _episodes(split, body["episodes"])
+    if report.get("league"):
+        lines += _table(f"The league after iteration {report['league'][0]['iteration']} (openskill ratings)",
+                        ("player", "mu", "sigma", "P(agent wins)", "share of the last iteration's groups"),
+                        ((r["player"], fmt(r["mu"]), fmt(r["sigma"]), fmt(r["win_probability"]), fmt(r["share"]))
+                         for r in report["league"]))
+    if report.get("exploitability"):
+        lines += _exploitability(report["exploitability"], compared_with or "the starting policy")
     lines += ["", "Intervals are 95%: Wilson for rates, a bootstrap over initial states for returns and gains. "
               "Ceilings are of the initial states played: the first episode's is the best single-episode win "
               "probability p; with early stop the final episode's success is pass@N, whose ceiling is the mean of "

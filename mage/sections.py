@@ -407,6 +407,19 @@ class CeilingSettings:
 
 
 @validated_dataclass(frozen=True)
+class LeagueSettings:
+    """``population.league``: frozen snapshots of the agent that join its training opponents
+    (docs/method.md, "The league")."""
+
+    enabled: bool  # off: the training population is the scripted one
+    snapshot_every: PositiveInt  # every this many iterations a snapshot joins (a checkpoint is written then)
+    max_size: Annotated[int, Field(ge=1, le=64)]  # snapshots at most; beyond it one leaves (evict)
+    share: Annotated[float, Field(gt=0, lt=1)]  # share of the training groups that play snapshots, once there is one
+    evict: Literal["oldest", "lowest_rated"]  # which snapshot leaves a full league
+    pfsp_power: Annotated[float, Field(ge=0, le=16)]  # PFSP weight (1 - P(agent wins)) ** pfsp_power
+
+
+@validated_dataclass(frozen=True)
 class PopulationEntry:
     """One counterpart of a population: an opponent rule (or, for Sokoban, a level setting),
     read from ``population.<split>.<id>`` and checked against the game when the settings load
@@ -434,6 +447,7 @@ class PopulationConfig:
 
     seat_split: Share  # share of meta-episodes in which the agent sits second
     ceilings: CeilingSettings
+    league: LeagueSettings
     train: dict[str, PopulationEntry]  # the opponents trained against, by id
     held_out: dict[str, PopulationEntry]  # the opponents held out for evaluation, by id
 

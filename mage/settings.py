@@ -229,6 +229,23 @@ def check_across(settings: Settings) -> None:
                             f"{flow.rollout_shards - engine.groups} with nothing to play (a shard plays whole "
                             "groups); set flow.rollout_shards <= engine.groups")
     check_workers(settings)
+    check_league(settings)
+
+
+def check_league(settings: Settings) -> None:
+    """A league needs a two-player game and a model to snapshot, served in the process's backend."""
+    league = settings.population.league
+    if not league.enabled:
+        return
+    if settings.game.num_players != 2:
+        raise SettingsError(f"population.league.enabled: a league of snapshots plays the other seat, and "
+                            f"{settings.game.name} has one player; set population.league.enabled=false")
+    if settings.engine.backend != "hf":
+        raise SettingsError(f"population.league.enabled: the snapshots are played by the hf backend, and "
+                            f"engine.backend is {settings.engine.backend}" + (
+                                " (a scripted agent has no weights to snapshot)" if settings.engine.backend ==
+                                "scripted" else " (vLLM's LoRA slots for snapshots are not wired yet)")
+                            + "; set engine.backend=hf")
 
 
 def check_workers(settings: Settings) -> None:

@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-$(command -v python3)}"
-needed="import polars, hydra, omegaconf, pydantic, pyspiel"
+needed="import polars, hydra, omegaconf, pydantic, pyspiel, openskill"
 if ! "$python" -c "$needed" 2>/dev/null; then
     [[ -f .gpu-site.tar.xz ]] || { echo "missing Python packages (constraints/gpu-check.txt): run scripts/gpu_site.sh where pip reaches a registry and carry .gpu-site.tar.xz" >&2; exit 2; }
     site=${TMPDIR:-/tmp}/mage-gpu-site

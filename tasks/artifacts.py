@@ -7,6 +7,8 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from mage.league import rating_rows
+
 
 def artifact_key(*parts: str) -> str:
     """Prefect artifact keys allow lower-case letters, digits and dashes only."""
@@ -23,6 +25,7 @@ TABLE_COLUMNS = (
     ("train/loss", "loss"),
     ("train/kl", "KL"),
     ("train/entropy", "entropy"),
+    ("train/exploitability", "exploitability"),
     ("rollout/meta_episodes_per_second", "meta-episodes/s"),
     ("train/tokens_per_second", "train tokens/s"),
 )
@@ -33,6 +36,15 @@ def publish_training_table(run_name: str, history: Sequence[Mapping[str, Any]]) 
     rows = [{label: _rounded(m.get(key)) for key, label in TABLE_COLUMNS} for m in history]
     create_table_artifact(table=rows, key=artifact_key(run_name, "training"),
                           description=f"Training metrics of {run_name}, one row per iteration")
+
+
+def publish_league_table(run_name: str, history: Sequence[Mapping[str, Any]]) -> None:
+    """With ``population.league``: the ratings per iteration as a table artifact."""
+    labels = {"mu": "mu", "sigma": "sigma", "win_probability": "P(agent wins)", "share": "share of groups"}
+    rows = [{labels.get(k, k): _rounded(v) for k, v in row.items()} for row in rating_rows(history)]
+    if rows:
+        create_table_artifact(table=rows, key=artifact_key(run_name, "league"),
+                              description=f"League ratings of {run_name} (openskill), per iteration and player")
 
 
 def publish_markdown(key: str, markdown: str, description: str) -> None:

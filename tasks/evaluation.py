@@ -9,6 +9,7 @@ from typing import Any
 from prefect import task
 
 from mage import io
+from mage.evaluation import write_exploitability
 from mage.population import load_manifest
 from mage.report import build_report, headline_metrics
 from mage.report import write_report as write
@@ -34,6 +35,17 @@ def evaluate_split(
     return {"table": FileRef.of(written["table"]), "metrics": FileRef.of(written["metrics"]), "final": written["final"]}
 
 
+@task(name="measure-exploitability", task_run_name="exploitability", cache_policy=ArtifactCachePolicy(step="exploitability"),
+      **TASK_DEFAULTS)
+def measure_exploitability(settings: Settings, model: FileRef, checkpoint: FileRef | None, out_dir: str) -> FileRef | None:
+    """Kuhn Poker: ``checkpoint``'s (None: the starting policy's) exploitability, written to
+    ``out_dir/exploitability.json`` (:func:`mage.evaluation.write_exploitability`); None elsewhere."""
+    model.resolve()
+    loaded = ckpt.Checkpoint.at(checkpoint.resolve()) if checkpoint is not None else None
+    written = write_exploitability(settings, loaded, out_dir)
+    return FileRef.of(written) if written is not None else None
+
+
 def recorded_checkpoint(record: Mapping[str, Any]) -> FileRef | None:
     """The checkpoint a policy record names (not checked against the disk: it only labels)."""
     if record["checkpoint"] is None:
@@ -56,12 +68,14 @@ def write_report(
     settings: Settings, manifest: FileRef, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: str,
     history: FileRef | None = None, start_tables: dict[str, FileRef] | None = None,
     policy: dict[str, Any] | None = None, compared_with: str | None = None,
+    exploitability: FileRef | None = None, start_exploitability: FileRef | None = None,
 ) -> dict[str, Any]:
     """The report of one checkpoint (None: the starting policy) beside the starting policy
     evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in
     ``out_dir``. ``policy``: the tables' own record (:func:`mage.evaluation.recorded_policy`), which names the
     checkpoint, its iteration and the sampling; ``compared_with``: the checkpoint whose tables
-    stand in ``start_tables`` instead of the starting policy's."""
+    stand in ``start_tables`` instead of the starting policy's. ``exploitability`` and
+    ``start_exploitability``: Kuhn Poker's ``exploitability.json`` of either side."""
     if policy is not None:
         checkpoint, iteration, sampling = recorded_checkpoint(policy), policy["iteration"], policy["sampling"]
     else:
@@ -83,7 +97,10 @@ def write_report(
     report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
                           load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,
                           start_tables=start or None, history=history_records,
-                          training_temperature=settings.engine.sampling.temperature)
+                          training_temperature=settings.engine.sampling.temperature,
+                          exploitability={side: io.read_json(ref.resolve()) for side, ref in
+                                          (("policy", exploitability), ("start", start_exploitability))
+                                          if ref is not None})
     written = write(report, out_dir, history=history_records)
     return {"directory": out_dir, "files": {k: FileRef.of(v) for k, v in written.items()},
             "metrics": headline_metrics(report)}

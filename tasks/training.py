@@ -26,7 +26,7 @@ from mage.sections import splits_of
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from tasks import state as memory
-from tasks.artifacts import publish_training_table
+from tasks.artifacts import publish_league_table, publish_training_table
 from tasks.caching import STEP_DEFAULTS, configured
 from tasks.evaluation import evaluate_split
 from tasks.model import prepare_model
@@ -155,3 +155,4 @@ class FlowSteps(Steps):
     def report(self, record: dict[str, Any], warning: str | None, history: list[dict[str, Any]]) -> None:
         super().report(record, warning, history)
         publish_training_table(self.settings.run_name, history)
+        publish_league_table(self.settings.run_name, history)

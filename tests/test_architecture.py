@@ -23,13 +23,14 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground: games, algorithms, the reply protocol, files, the typed settings",
      ("mage", "mage.io", "mage.stats", "mage.games", "mage.protocol", "mage.algo", "mage.sections", "mage.config",
       "mage.config_comments", "mage.tensors")),
-    ("opponents and backends, the population, the validated settings and their reference, the cluster placement, "
-     "the paths checked before work",
-     ("mage.opponents", "mage.backends", "mage.ceilings", "mage.population", "mage.settings",
+    ("opponents and backends, the population and its league, the validated settings and their reference, the "
+     "cluster placement, the paths checked before work",
+     ("mage.opponents", "mage.backends", "mage.ceilings", "mage.population", "mage.league", "mage.settings",
       "mage.config_docs", "mage.placement", "mage.path_checks")),
     ("rollout", ("mage.rollout",)),
     ("train: loading a policy, the trainer, checkpoints, the memory plan", ("mage.models", "mage.train", "mage.memory")),
-    ("evaluation and report", ("mage.evaluation", "mage.report", "mage.report_markdown", "mage.plots")),
+    ("evaluation and report, Kuhn Poker's exploitability",
+     ("mage.exploitability", "mage.evaluation", "mage.report", "mage.report_markdown", "mage.plots")),
     ("building the tiny preset", ("mage.build",)),
     ("the run and the library's command line", ("mage.run", "mage.__main__")),
     ("Prefect tasks", ("tasks",)),

@@ -69,8 +69,9 @@ def test_the_closure_follows_lazy_imports_and_packages():
 #: flow also prepares the model (a dep of the stage: its directory) and evaluates during
 #: training (not the stage's outputs); its loop's schedule is the ``train`` section.
 STAGE_STEPS = {"seed_population": ("seed_population",), "prepare_model": ("prepare_model",),
-               "train": ("start", "rollout", "score", "update"), "evaluate": ("evaluate",),
-               "evaluate_start": ("evaluate",), "report": ("report",)}
+               "train": ("start", "rollout", "score", "update", "exploitability", "league"),
+               "evaluate": ("evaluate", "exploitability"), "evaluate_start": ("evaluate", "exploitability"),
+               "report": ("report",)}
 
 
 def test_every_stage_is_mapped_to_its_steps():

@@ -237,15 +237,41 @@ def test_shards_fan_out_through_a_process_pool(tiny_model_dir, tmp_path):
 
 
 def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path, capsys):
-    args = overrides(tiny_model_dir, tmp_path)
+    # trained with a league (population.league) whose first snapshot joins after iteration 1
+    args = overrides(tiny_model_dir, tmp_path, "population.league.enabled=true", "population.league.snapshot_every=1")
     train(args)
+    layout = RunLayout.of(load_settings(args))
+    assert [len(r["members"]) for r in map(json.loads, layout.league.read_text().splitlines())] == [1, 2]
+    assert "snapshot-1" in set(pl.read_parquet(layout.rollout(2))["opponent"])
+    from conftest import get_json
+    from prefect.settings import PREFECT_API_URL
+
+    from tasks.artifacts import artifact_key
+
+    # the server's own filter (the UI's): Prefect 3.8's client sends nulls its server refuses
+    shown = get_json(f"{PREFECT_API_URL.value()}/artifacts/filter",
+                     {"artifacts": {"key": {"any_": [artifact_key(load_settings(args).run_name, "league")]}}, "limit": 5})
+    assert shown, "no league table artifact"
+    rows = json.loads(shown[0]["data"]) if isinstance(shown[0]["data"], str) else shown[0]["data"]
+    assert {row["player"] for row in rows} >= {"agent", "snapshot-1", "conservative"}
     result = evaluate(args, split="all")
     report = json.loads(Path(result["files"]["report"].path).read_text())
+    assert {row["player"] for row in report["league"]} >= {"agent", "snapshot-1"}
     assert set(report["splits"]) == {"train", "held_out"}
     assert report["about"]["checkpoint"].endswith("ckpt-00002")
     held_out = {o["opponent"] for o in report["splits"]["held_out"]["opponents"]} - {"all"}
     assert held_out == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
     assert Path(result["files"]["success_by_episode"].path).stat().st_size > 0
+    # Kuhn Poker: the checkpoint's exploitability, read from the checkpoint the evaluation loaded,
+    # equals the one the trainer measured on its weights in memory after the same update
+    figures = report["exploitability"]
+    assert figures["policy"]["policy"]["checkpoint"].endswith("ckpt-00002") and figures["start"]["policy"]["iteration"] == 0
+    history = [json.loads(line) for line in layout.metrics.read_text().splitlines()]
+    assert figures["policy"]["exploitability"] == pytest.approx(history[-1]["train/exploitability"], abs=1e-6)
+    headline = json.loads(Path(result["files"]["metrics"].path).read_text())
+    assert headline["exploitability"] == pytest.approx(figures["policy"]["exploitability"], abs=1e-6)
+    assert headline["start_exploitability"] == pytest.approx(figures["start"]["exploitability"], abs=1e-6)
+    assert "## Exploitability (Kuhn Poker" in Path(result["files"]["markdown"].path).read_text()
 
     # The larger evaluation of docs/report.md ("Reporting on tables evaluated earlier"), as typed there
     # (overrides before the options): its tables, the start's too, go to a directory of their own; the

@@ -66,7 +66,7 @@ def test_the_gpu_check_pins_the_project_s_versions():
         return found
 
     gpu, cpu = pins(ROOT / "constraints" / "gpu-check.txt"), pins(ROOT / "constraints" / "cpu.txt")
-    assert len(gpu) == 11 and {name: cpu.get(name) for name in gpu} == gpu
+    assert len(gpu) == 12 and {name: cpu.get(name) for name in gpu} == gpu
 
 
 #: Top-level modules this project installs that a registry-less GPU image lacks (its torch,

@@ -97,6 +97,7 @@ ELSEWHERE = {
     ("start", "engine.vllm"): "the vllm backend's options",
     ("start", "seed"): "the vllm engine's seed",
     ("evaluate", "seed"): "the vllm engine's seed",
+    ("exploitability", "seed"): "the vllm engine's seed",
 }
 
 
@@ -121,6 +122,7 @@ def test_the_recorder_sees_reads_through_properties_and_kept_sections():
 def every_step(tiny_model_dir, tmp_path_factory) -> dict[str, set[str]]:
     """Each step run once on the tiny preset, with what it read."""
     from mage.build import prepare_model
+    from mage.evaluation import write_exploitability
     from mage.population import seed_population, write_manifest
     from mage.run.state import RolloutWorker, start_training
     from tasks.evaluation import write_report
@@ -159,6 +161,14 @@ def every_step(tiny_model_dir, tmp_path_factory) -> dict[str, set[str]]:
     with recording(linear) as read:
         saved = steps.save(linear_state, steps.update(linear_state, table, 1))
     found["update"] = read
+    leagued = load_settings(run_overrides(tiny_model_dir, tmp_path / "league", "population.league.enabled=true"))
+    with recording(leagued) as read:
+        steps.advance_league(leagued, table, 5)  # a snapshot joins at 5 (snapshot_every)
+    found["league"] = read
+    with recording(linear) as read:  # the trainer's policy in memory, and a checkpoint's evaluation
+        steps.exploitability(linear_state)
+        write_exploitability(linear, saved, tmp_path / "exploitability")
+    found["exploitability"] = read
     with recording(linear) as read:  # where it goes by default: the checkpoint's folder, and the start's
         evaluated = steps.evaluate(linear, saved, "held_out")
         steps.evaluate(linear, None, "held_out")

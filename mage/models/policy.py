@@ -10,6 +10,7 @@ builds or downloads a model: :func:`mage.build.prepare_model` does, once, before
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,27 @@ class Policy:
         if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+
+@torch.no_grad()
+def teacher_forced(model: Any, tokens: Sequence[Sequence[int]], scored: Sequence[int],
+                   autocast: contextlib.AbstractContextManager | None = None) -> list[list[float]]:
+    """The model's log-probs (temperature 1) of the last ``scored[i]`` tokens of each
+    ``tokens[i]``, each given the tokens before it, one sequence at a time (no padding), in
+    eval mode (no dropout; the mode is restored after)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for sequence, n in zip(tokens, scored, strict=True):
+            ids = torch.tensor([list(sequence)], device=device)
+            with autocast if autocast is not None else contextlib.nullcontext():
+                logits = model(input_ids=ids).logits[0, -n - 1:-1]
+            out.append(logits.float().log_softmax(-1).gather(-1, ids[0, -n:, None])[:, 0].tolist())
+    finally:
+        model.train(was_training)
+    return out
 
 
 def load_policy(

@@ -9,6 +9,7 @@ Under ``paths.runs/<run.name>``::
     rollouts/shards/iteration-00001-shard-000.parquet   a shard's table (rollouts in other processes)
     metrics.jsonl                     one line per iteration: what it computed (repeats bitwise)
     performance.jsonl                 one line per iteration: how fast, how much memory (this machine's)
+    league.jsonl                      population.league: one line per iteration, the snapshots and ratings after it
     final.json                        the run's final checkpoint, once every iteration is done
 
 Beside it, ``.<run.name>.lock`` (one writer at a time; DVC versions nothing there). Under
@@ -78,8 +79,16 @@ class RunLayout:
         return self.root / "performance.jsonl"
 
     @property
+    def league(self) -> Path:
+        return self.root / "league.jsonl"
+
+    @property
     def final(self) -> Path:
         return self.root / "final.json"
+
+    def checkpoint(self, iteration: int) -> Path:
+        """Where the checkpoint after ``iteration`` is (or will be) written."""
+        return self.checkpoints / f"{ckpt.PREFIX}{iteration:05d}"
 
     @property
     def lock(self) -> Path:

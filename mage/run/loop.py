@@ -29,11 +29,9 @@ from typing import Any
 
 import polars as pl
 
-import mage.run.reads as reads
-import mage.run.record as record
-import mage.run.steps as steps
 from mage import io
 from mage.rollout import RolloutStats
+from mage.run import reads, record, steps
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.state import TrainingState, start_training
 from mage.sections import splits_of
@@ -121,10 +119,12 @@ class RunResult:
 
 
 def checkpoint_due(settings: Settings, iteration: int) -> bool:
-    """Every ``train.checkpoint_every`` iterations, at the last one, and before an evaluation
-    (an evaluation is of a checkpoint: its tables name it)."""
+    """Every ``train.checkpoint_every`` iterations, at the last one, before an evaluation (an
+    evaluation is of a checkpoint: its tables name it) and when a league snapshot joins."""
     train = settings.train
-    return iteration % train.checkpoint_every == 0 or iteration == train.iterations or evaluation_due(settings, iteration)
+    league = settings.population.league  # a snapshot joining the league is its checkpoint
+    return iteration % train.checkpoint_every == 0 or iteration == train.iterations or \
+        evaluation_due(settings, iteration) or (league.enabled and iteration % league.snapshot_every == 0)
 
 
 def evaluation_due(settings: Settings, iteration: int) -> bool:
@@ -162,8 +162,9 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                     break
                 tables, stats = run_steps.rollout(state, iteration)
                 table = run_steps.score(tables, iteration)
-                update = run_steps.update(state, table, iteration)
+                update = run_steps.update(state, table, iteration) | steps.exploitability(state)
                 metrics, performance = record.iteration_records(iteration, table, update, stats)
+                metrics |= steps.advance_league(settings, table, iteration)
                 # recorded before the checkpoint: a run resumes at a checkpoint whose line is written
                 recorded = record.append_record(layout.metrics, metrics)
                 record.append_record(layout.performance, performance)
@@ -261,6 +262,9 @@ def describe_iteration(metrics: dict[str, Any]) -> str:
         f"iteration {metrics['iteration']}: final-episode return {metrics.get('rollout/all/final_mean_return', nan):+.2f}, "
         f"win rate {metrics.get('rollout/all/final_win_rate', nan):.2f} ({per_opponent}); "
         f"invalid {metrics.get('rollout/invalid_rate', nan):.3f}; loss {metrics.get('train/loss', nan):+.4f}, "
-        f"KL {metrics.get('train/kl', nan):.4f}; rollout {metrics.get('rollout/meta_episodes_per_second', 0):.1f} "
+        f"KL {metrics.get('train/kl', nan):.4f}; "
+        + (f"exploitability {metrics['train/exploitability']:.3f} chips/hand; " if "train/exploitability" in metrics
+           else "")
+        + f"rollout {metrics.get('rollout/meta_episodes_per_second', 0):.1f} "
         f"meta-episodes/s, update {metrics.get('train/tokens_per_second', 0):.0f} tokens/s"
     )

@@ -32,16 +32,22 @@ READS: dict[str, tuple[str, ...]] = {
               "engine.sampling.temperature", "seed"),
     # one shard of an iteration's meta-episodes (the shard count sets the sampling seeds)
     "rollout": ("engine", "game.name", "game.params", "population.train", "population.seat_split",
-                "algo.grouping", "model", "seed", "train.seed", "run.name", "paths.runs", "flow.rollout_shards"),
+                "population.league", "algo.grouping", "model", "seed", "train.seed", "run.name", "paths.runs",
+                "flow.rollout_shards"),
+    # the league after an iteration: ratings from its table, a snapshot joining (population.league)
+    "league": ("population.league", "population.train", "game.name", "run.name", "paths.runs"),
     # returns and advantages of the iteration's table
     "score": ("algo", "game.invalid_penalty", "game.length_penalty", "engine.sampling.max_new_tokens", "run.name",
               "paths.runs"),
     # one PPO update, and the checkpoint after it (its manifest records the run's identity)
-    "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs"),
+    "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs", "population.league"),
     # a checkpoint against one split's opponents, and the record of what played it
     "evaluate": ("eval", "engine", "game.name", "game.params", "population.train", "population.held_out",
                  "population.seat_split", "model", "run.name", "paths.evaluations",
                  "paths.start_evaluation", "seed"),
+    # Kuhn Poker's exploitability of a policy (mage.exploitability): the trainer's after each
+    # update, a checkpoint's or the starting policy's in an evaluation (its backend, its record)
+    "exploitability": ("engine", "game.name", "game.params", "population.seat_split", "model", "seed"),
     # the report of evaluation tables beside the starting policy's, and of the training rollouts
     # (at their sampling temperature)
     "report": ("run.name", "eval.episodes", "eval.early_stop", "eval.sampling", "engine.sampling.temperature",
@@ -49,12 +55,13 @@ READS: dict[str, tuple[str, ...]] = {
     # the loop itself (mage.run.loop), besides the steps it runs (LOOP_STEPS): how many iterations,
     # when to checkpoint and evaluate, when to warn, how many shards, where it writes
     "loop": ("train.iterations", "train.checkpoint_every", "train.eval_every", "train.drift_invalid_rise",
-             "train.drift_kl", "eval.split", "flow.rollout_shards", "run.name", "paths.runs", "paths.live"),
+             "train.drift_kl", "eval.split", "flow.rollout_shards", "run.name", "paths.runs", "paths.live",
+             "population.league"),
 }
 #: The steps the loop runs.
-LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "evaluate")
+LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "exploitability", "league", "evaluate")
 #: The steps an iteration's results depend on.
-ITERATION_STEPS = ("start", "rollout", "score", "update")
+ITERATION_STEPS = ("start", "rollout", "score", "update", "exploitability", "league")
 
 #: What only schedules the steps (the loop's reads, and how many checkpoints the update keeps):
 #: a run lengthened or checkpointed more often resumes instead of starting again.

@@ -57,6 +57,9 @@ def iteration_records(iteration: int, table: pl.DataFrame, update: Mapping[str, 
     and memory)."""
     metrics = {"iteration": iteration, **summarise(table),
                **{f"train/{k}": v for k, v in update.items() if k not in UPDATE_PERFORMANCE}}
+    opponent_calls = sum(s.opponent_calls for s in stats)
+    if opponent_calls:  # league snapshots played: their invalid replies became random legal moves
+        metrics["rollout/opponent_invalid_rate"] = sum(s.opponent_invalid for s in stats) / opponent_calls
     seconds = max((s.total_seconds for s in stats), default=0.0)  # shards run side by side: the slowest
     metas, tokens = sum(s.meta_episodes for s in stats), sum(s.generated_tokens for s in stats)
     performance = {
@@ -80,9 +83,9 @@ def append_record(path: Path, record: Mapping[str, Any]) -> list[dict[str, Any]]
 
 
 def keep_up_to(layout: RunLayout, iteration: int) -> list[dict[str, Any]]:
-    """Drop the metrics and performance of iterations after ``iteration`` (what a stopped run
+    """Drop the metrics, performance and league records of iterations after ``iteration`` (what a stopped run
     recorded past its newest checkpoint, computed again from there); the records kept."""
-    for path in (layout.metrics, layout.performance):
+    for path in (layout.metrics, layout.performance, layout.league):
         records = io.read_json_lines(path, METRICS_REMEDY)
         kept = [r for r in records if r.get("iteration", 0) <= iteration]
         if len(kept) < len(records):

@@ -28,7 +28,7 @@ import torch
 
 from mage.backends import Backend, vllm_sync
 from mage.backends.vllm import VLLMBackend
-from mage.models.policy import Policy, load_run_policy, rollout_backend
+from mage.models.policy import Policy, load_run_policy, rollout_backend, teacher_forced
 from mage.rollout import read_trajectories
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
@@ -122,16 +122,9 @@ class TrainingState:
         self._backend = None
 
 
-@torch.no_grad()
 def probe_logprobs(policy: Policy, probe: vllm_sync.Probe) -> list[list[float]]:
     """The policy's teacher-forced log-probs (temperature 1) of each probe sequence's scored tokens."""
-    out = []
-    for tokens, scored in zip(probe.tokens, probe.scored):
-        ids = torch.tensor([tokens], device=policy.device)
-        with policy.autocast():
-            logits = policy.model(input_ids=ids).logits[0, -scored - 1:-1]
-        out.append(logits.float().log_softmax(-1).gather(-1, ids[0, -scored:, None])[:, 0].tolist())
-    return out
+    return teacher_forced(policy.model, probe.tokens, probe.scored, policy.autocast())
 
 
 def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None) -> TrainingState:

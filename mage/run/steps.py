@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import shutil
-
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,24 +14,49 @@ from typing import Any
 
 import polars as pl
 
+from mage import exploitability as kuhn
+from mage import io, league
 from mage.algo import Penalties, add_advantages, add_returns
 from mage.backends import Backend
 from mage.evaluation import write_evaluation
+from mage.models.policy import rollout_backend
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
+from mage.run import record
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.reads import identity_hash
 from mage.run.state import RolloutWorker, TrainingState
+from mage.sections import PopulationEntry
 from mage.settings import Settings
 from mage.tensors import derive_seed
 from mage.train import checkpoint as ckpt
 
 
 # -- the steps ------------------------------------------------------------------------------
+def league_state(settings: Settings, iteration: int) -> league.LeagueState:
+    """The league as ``iteration`` starts: the record of the iteration before it
+    (``league.jsonl``), or none yet (:meth:`mage.league.LeagueState.start`)."""
+    records = [r for r in io.read_json_lines(RunLayout.of(settings).league, record.METRICS_REMEDY)
+               if r.get("iteration", 0) < iteration]
+    if records:
+        return league.LeagueState.from_json(records[-1])
+    return league.LeagueState.start(list(settings.population.train.values()))
+
+
+def training_population(settings: Settings, iteration: int) -> list[PopulationEntry]:
+    """What ``iteration`` draws its opponents from: the training population, and with
+    ``population.league`` the league's snapshots (:func:`mage.league.training_entries`)."""
+    scripted = list(settings.population.train.values())
+    if not settings.population.league.enabled:
+        return scripted
+    return league.training_entries(scripted, league_state(settings, iteration), settings.population.league,
+                                   settings.game.name)
+
+
 def plan(settings: Settings, iteration: int) -> list[MetaEpisodeSpec]:
-    """The meta-episodes of an iteration: groups drawn from the training population."""
+    """The meta-episodes of an iteration: groups drawn from the training population (and the league's snapshots)."""
     engine = settings.engine
     return plan_meta_episodes(
-        list(settings.population.train.values()), engine.groups, engine.group_size,
+        training_population(settings, iteration), engine.groups, engine.group_size,
         derive_seed(settings.seed, iteration), settings.population.seat_split, settings.game.num_players,
         mixed=settings.algo.grouping == "mixed",
     )
@@ -52,11 +76,47 @@ def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0
     against the training population with ``backend``."""
     shards = settings.flow.rollout_shards
     specs = shard_specs(plan(settings, iteration), shard, shards)
-    engine = RolloutEngine(backend, settings.engine, settings.game.params)
+    members = league_state(settings, iteration).members if settings.population.league.enabled else ()
+    engine = RolloutEngine(backend, settings.engine, settings.game.params,
+                           opponents=snapshot_backends(settings, members))
     # One sampling seed per (iteration, shard): a re-run draws the same replies.
     sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
     table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
     return table, engine.last_stats
+
+
+#: The backends of league snapshots this process plays, by checkpoint and its content hash.
+_SNAPSHOTS: dict[tuple[str, str], Backend] = {}
+
+
+def snapshot_backends(settings: Settings, members: Sequence[league.Member]) -> dict[str, Backend]:
+    """A backend per league snapshot, loaded from its checkpoint once per process (frozen: it
+    only plays); those of snapshots that left the league are released."""
+    root = RunLayout.of(settings).root
+    wanted = {(str(root / m.checkpoint), ckpt.content_hash(root / m.checkpoint)): m for m in members}
+    for key in [key for key in _SNAPSHOTS if key not in wanted]:
+        _SNAPSHOTS.pop(key).release()
+    for key in wanted:
+        if key not in _SNAPSHOTS:
+            _SNAPSHOTS[key] = rollout_backend(settings, checkpoint=ckpt.Checkpoint.at(key[0]))
+    return {member.id: _SNAPSHOTS[key] for key, member in wanted.items()}
+
+
+def advance_league(settings: Settings, table: pl.DataFrame, iteration: int) -> dict[str, float]:
+    """With ``population.league``: the league after ``iteration`` (its ratings updated from the
+    iteration's ``table``; a snapshot of this iteration's checkpoint joining when one is due),
+    recorded in ``league.jsonl``; returns its metrics (:func:`mage.league.league_metrics`)."""
+    settings_league = settings.population.league
+    if not settings_league.enabled:
+        return {}
+    layout = RunLayout.of(settings)
+    before = league_state(settings, iteration)
+    entries = league.training_entries(list(settings.population.train.values()), before, settings_league,
+                                      settings.game.name)
+    joining = layout.checkpoint(iteration).relative_to(layout.root).as_posix()  # the run folder may move
+    after = league.advanced(before, table, iteration, joining, settings_league)
+    record.append_record(layout.league, {"iteration": iteration, **after.to_json()})
+    return league.league_metrics(after, entries)
 
 
 def play_shard(worker: RolloutWorker, iteration: int, checkpoint: str | Path | None,
@@ -93,6 +153,17 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
     return metrics
 
 
+def exploitability(state: TrainingState) -> dict[str, float]:
+    """Kuhn Poker, played by a model: the exploitability of the policy in memory and its
+    value against a best response, in chips per hand (:mod:`mage.exploitability`); else {}."""
+    settings = state.settings
+    if not kuhn.measured(settings):
+        return {}
+    found = kuhn.of_run_policy(settings, kuhn.policy_scorer(state.policy, settings.model.chat,
+                                                             settings.model.enable_thinking))
+    return {"exploitability": found["exploitability"], "value_vs_best_response": found["value_vs_best_response"]["mean"]}
+
+
 def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
     """Checkpoint the current weights, optimizer and RNG state (the rollouts go on with it),
     then keep the newest ``train.keep_checkpoints`` of those up to it (a longer run's later
@@ -110,8 +181,10 @@ def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
         shutil.rmtree(state.sharded_state.parent, ignore_errors=True)
         state.sharded_state = None
     final = layout.final_checkpoint() if layout.final.is_file() else None  # a longer run's earlier end
+    snapshots = [layout.root / m.checkpoint for m in league_state(settings, state.iteration + 1).members] \
+        if settings.population.league.enabled else []  # the league plays them
     ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=state.iteration,
-                           protect=[final] if final is not None else [])
+                           protect=([final] if final is not None else []) + snapshots)
     state.checkpointed(saved)
     return saved
 
