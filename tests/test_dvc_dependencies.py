@@ -69,7 +69,7 @@ def test_the_closure_follows_lazy_imports_and_packages():
 #: flow also prepares the model (a dep of the stage: its directory) and evaluates during
 #: training (not the stage's outputs); its loop's schedule is the ``train`` section.
 STAGE_STEPS = {"seed_population": ("seed_population",), "prepare_model": ("prepare_model",),
-               "train": ("start", "rollout", "score", "update", "exploitability", "league"),
+               "train": ("start", "rollout", "score", "update", "league"),
                "evaluate": ("evaluate", "exploitability"), "evaluate_start": ("evaluate", "exploitability"),
                "report": ("report",)}
 

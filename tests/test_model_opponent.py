@@ -11,6 +11,7 @@ import json
 import polars as pl
 import pytest
 
+from mage import exploitability as kuhn
 from mage.backends.scripted import ScriptedBackend
 from mage.games.kuhn_poker import KuhnPoker
 from mage.opponents import MODEL_OPPONENT
@@ -66,7 +67,11 @@ def test_the_opponent_sees_its_own_card_and_nothing_of_the_agent_s():
         own, agent = view.initial.data["cards"][view.agent], view.initial.data["cards"][1 - view.agent]
         shown = request.prompt.replace(KuhnPoker().rules_text(), "")  # the rules name every card
         assert f"Your card: {names[own]}" in shown and names[agent] not in shown
-        assert "# Episode 1 of 1 (now)" in request.prompt and "<remark>" not in request.prompt
+        # the first-episode prompt the snapshot saw in training (3 episodes announced), which is also
+        # the one its exploitability is read at (mage.exploitability)
+        betting = tuple(int(a) for a in view.state.history()[2:])
+        info = kuhn.InformationState(view.agent, own, betting)
+        assert request.prompt == kuhn.first_episode_prompt(KuhnPoker(), info, 3, "reflection_only")
     # every deal the agent played was the opponent's view's too: its card is the other one
     deals = {tuple(json.loads(s)["data"]["cards"]) for s in table["initial_state"].unique()}
     assert {tuple(r.context.initial.data["cards"]) for r in requests} <= deals

@@ -162,10 +162,12 @@ class MetaEpisode:
         return not self.done and self.phase == "play" and getattr(self.episode, "opponent_to_move", False)
 
     def opponent_request(self) -> tuple[GenerationRequest, Any]:
-        """The opponent's call: the first-episode prompt of its own view (its card or marks,
-        the moves so far; never the agent's card, reflections or earlier episodes)."""
+        """The opponent's call: the prompt of a first episode from its own view (its card or
+        marks, the moves so far; never the agent's card, reflections or earlier episodes), as
+        the snapshot saw first episodes when it trained (``episodes`` of them announced)."""
         view = self.episode.opponent_view()
-        prompt = prompts.play_prompt(self.game, view.initial, [], view.render_state(), 1, 1, self.cfg.context_mode)
+        prompt = prompts.play_prompt(self.game, view.initial, [], view.render_state(), 1, self.cfg.episodes,
+                                     self.cfg.context_mode)
         return GenerationRequest(prompt.text, "play", view), view
 
     def opponent_moved(self, view: Any, generation: Generation) -> bool:
@@ -293,7 +295,10 @@ class RolloutEngine:
                     for meta, (request, _) in zip(metas, calls):
                         request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.opponent_calls, 1)
                 step_sampling = sampling if sampling.seed is None else _reseeded(sampling, derive_seed(step, rounds, 1))
+                started = time.perf_counter()
                 generations = self.opponents[name].generate([request for request, _ in calls], step_sampling)
+                stats.generation_seconds += time.perf_counter() - started
+                stats.backend_calls += 1
                 stats.opponent_calls += len(calls)
                 for meta, (_, view), generation in zip(metas, calls, generations):
                     stats.opponent_invalid += not meta.opponent_moved(view, generation)
@@ -353,6 +358,7 @@ class RolloutEngine:
                     finished += ended
                     bar.update(len(ended))
                 if not live:
+                    step += 1  # the next batch draws from seeds of its own
                     continue
             calls = self._requests(live, max_tokens)
             if sampling.seed is not None:

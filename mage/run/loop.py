@@ -162,7 +162,7 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                     break
                 tables, stats = run_steps.rollout(state, iteration)
                 table = run_steps.score(tables, iteration)
-                update = run_steps.update(state, table, iteration) | steps.exploitability(state)
+                update = run_steps.update(state, table, iteration)
                 metrics, performance = record.iteration_records(iteration, table, update, stats)
                 metrics |= steps.advance_league(settings, table, iteration)
                 # recorded before the checkpoint: a run resumes at a checkpoint whose line is written

@@ -40,13 +40,16 @@ READS: dict[str, tuple[str, ...]] = {
     "score": ("algo", "game.invalid_penalty", "game.length_penalty", "engine.sampling.max_new_tokens", "run.name",
               "paths.runs"),
     # one PPO update, and the checkpoint after it (its manifest records the run's identity)
-    "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs", "population.league"),
+    # (and, on Kuhn Poker, the updated policy's exploitability: mage.exploitability)
+    "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs", "population.league",
+               "game.name", "game.params", "engine.backend", "engine.episodes", "engine.context_mode",
+               "population.seat_split", "model.chat", "model.enable_thinking"),
     # a checkpoint against one split's opponents, and the record of what played it
     "evaluate": ("eval", "engine", "game.name", "game.params", "population.train", "population.held_out",
                  "population.seat_split", "model", "run.name", "paths.evaluations",
                  "paths.start_evaluation", "seed"),
-    # Kuhn Poker's exploitability of a policy (mage.exploitability): the trainer's after each
-    # update, a checkpoint's or the starting policy's in an evaluation (its backend, its record)
+    # Kuhn Poker's exploitability of a checkpoint or the starting policy in an evaluation
+    # (mage.exploitability, through the evaluation's backend; the trainer's is the update's)
     "exploitability": ("engine", "game.name", "game.params", "population.seat_split", "model", "seed"),
     # the report of evaluation tables beside the starting policy's, and of the training rollouts
     # (at their sampling temperature)
@@ -59,9 +62,9 @@ READS: dict[str, tuple[str, ...]] = {
              "population.league"),
 }
 #: The steps the loop runs.
-LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "exploitability", "league", "evaluate")
+LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "league", "evaluate")
 #: The steps an iteration's results depend on.
-ITERATION_STEPS = ("start", "rollout", "score", "update", "exploitability", "league")
+ITERATION_STEPS = ("start", "rollout", "score", "update", "league")
 
 #: What only schedules the steps (the loop's reads, and how many checkpoints the update keeps):
 #: a run lengthened or checkpointed more often resumes instead of starting again.

@@ -120,6 +120,7 @@ class TrainingState:
         if self._backend is not None:
             self._backend.release()
         self._backend = None
+        release_snapshots()
 
 
 def probe_logprobs(policy: Policy, probe: vllm_sync.Probe) -> list[list[float]]:
@@ -226,7 +227,33 @@ class RolloutWorker:
         return rollout_backend(self.settings, policy=self._policy)
 
     def close(self) -> None:
-        """Release the engine and the policy (a vLLM engine stays for the process's next user)."""
+        """Release the engine, the policy and the league's snapshots (a vLLM engine stays for
+        the process's next user)."""
         if self._backend is not None:
             self._backend.release()
         self._backend, self._policy, self._held = None, None, None
+        release_snapshots()
+
+
+# -- the league's snapshots, as this process plays them ----------------------------------------
+#: The backends of league snapshots this process plays, by checkpoint folder and content hash.
+_SNAPSHOTS: dict[tuple[str, str], Backend] = {}
+
+
+def snapshot_backends(settings: Settings, root: Path, members: Iterable[Any]) -> dict[str, Backend]:
+    """A backend per league snapshot (``mage.league.Member``; its checkpoint under the run
+    folder ``root``), loaded once per process: frozen, it only plays. Those of snapshots that
+    left the league are released."""
+    wanted = {(str(root / m.checkpoint), ckpt.content_hash(root / m.checkpoint)): m for m in members}
+    for key in [key for key in _SNAPSHOTS if key not in wanted]:
+        _SNAPSHOTS.pop(key).release()
+    for key in wanted:
+        if key not in _SNAPSHOTS:
+            _SNAPSHOTS[key] = rollout_backend(settings, checkpoint=ckpt.Checkpoint.at(key[0]))
+    return {member.id: _SNAPSHOTS[key] for key, member in wanted.items()}
+
+
+def release_snapshots() -> None:
+    """Release every snapshot's backend (the run or the worker is done with them)."""
+    while _SNAPSHOTS:
+        _SNAPSHOTS.popitem()[1].release()

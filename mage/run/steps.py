@@ -19,12 +19,11 @@ from mage import io, league
 from mage.algo import Penalties, add_advantages, add_returns
 from mage.backends import Backend
 from mage.evaluation import write_evaluation
-from mage.models.policy import rollout_backend
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.run import record
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.reads import identity_hash
-from mage.run.state import RolloutWorker, TrainingState
+from mage.run.state import RolloutWorker, TrainingState, snapshot_backends
 from mage.sections import PopulationEntry
 from mage.settings import Settings
 from mage.tensors import derive_seed
@@ -78,28 +77,11 @@ def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0
     specs = shard_specs(plan(settings, iteration), shard, shards)
     members = league_state(settings, iteration).members if settings.population.league.enabled else ()
     engine = RolloutEngine(backend, settings.engine, settings.game.params,
-                           opponents=snapshot_backends(settings, members))
+                           opponents=snapshot_backends(settings, RunLayout.of(settings).root, members))
     # One sampling seed per (iteration, shard): a re-run draws the same replies.
     sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
     table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
     return table, engine.last_stats
-
-
-#: The backends of league snapshots this process plays, by checkpoint and its content hash.
-_SNAPSHOTS: dict[tuple[str, str], Backend] = {}
-
-
-def snapshot_backends(settings: Settings, members: Sequence[league.Member]) -> dict[str, Backend]:
-    """A backend per league snapshot, loaded from its checkpoint once per process (frozen: it
-    only plays); those of snapshots that left the league are released."""
-    root = RunLayout.of(settings).root
-    wanted = {(str(root / m.checkpoint), ckpt.content_hash(root / m.checkpoint)): m for m in members}
-    for key in [key for key in _SNAPSHOTS if key not in wanted]:
-        _SNAPSHOTS.pop(key).release()
-    for key in wanted:
-        if key not in _SNAPSHOTS:
-            _SNAPSHOTS[key] = rollout_backend(settings, checkpoint=ckpt.Checkpoint.at(key[0]))
-    return {member.id: _SNAPSHOTS[key] for key, member in wanted.items()}
 
 
 def advance_league(settings: Settings, table: pl.DataFrame, iteration: int) -> dict[str, float]:
@@ -143,19 +125,24 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
     """One PPO update on a scored table. Its seed and learning rate follow the iteration, so a
     resumed run replays the same update; a vLLM engine in this process sleeps meanwhile (its
     GPU memory goes to the trainer), then gets the new weights through memory where it takes
-    them so, checked (``weight_sync_gap_max``; :meth:`TrainingState.synced`)."""
+    them so, checked (``weight_sync_gap_max``; :meth:`TrainingState.synced`). On Kuhn Poker the
+    metrics hold the updated policy's exploitability (:func:`exploitability`)."""
     settings = state.settings
     with state.engine_asleep():
         metrics = state.trainer.update(table, seed=derive_seed(settings.seed, iteration, 1),
                                        learning_rate=settings.train.learning_rate_at(iteration))
     state.iteration = iteration
     metrics.update(state.synced(table))
+    metrics.update(exploitability(state))
     return metrics
 
 
 def exploitability(state: TrainingState) -> dict[str, float]:
-    """Kuhn Poker, played by a model: the exploitability of the policy in memory and its
-    value against a best response, in chips per hand (:mod:`mage.exploitability`); else {}."""
+    """Kuhn Poker, played by a model: the exploitability of the policy in memory and its value
+    against a best response, in chips per hand (:mod:`mage.exploitability`); else {}. Part of
+    :func:`update` (``train.workers=1``): with Ray Train's workers the flow's process holds the
+    weights in host memory only, where 24 forward passes of a 4B model would take minutes; the
+    evaluations still measure each checkpoint they load."""
     settings = state.settings
     if not kuhn.measured(settings):
         return {}
