@@ -113,7 +113,8 @@ def gains_figure(report: Mapping[str, Any]) -> Any:
 def plot_learning_curves(history: Sequence[Mapping[str, Any]], path: str | Path,
                          training: Mapping[str, Any] | None = None) -> Path:
     """Per-iteration training curves: final-episode win rate per opponent, mean return,
-    invalid rate, and the update's KL and loss; under them ``training``'s sentence
+    invalid rate, and the update's KL and loss (on Kuhn Poker also the exploitability and the
+    league's ratings); under them ``training``'s sentence
     (:func:`mage.report.training_summary`: the training rollouts' invalid replies and KL, at
     the training sampling)."""
     return _save(learning_curves_figure(history, training), path)
@@ -123,7 +124,8 @@ def learning_curves_figure(history: Sequence[Mapping[str, Any]], training: Mappi
     plt = _pyplot()
     iterations = [m["iteration"] for m in history]
     opponents = sorted({k.split("/")[1] for m in history for k in m if k.startswith("rollout/") and k.endswith("/final_win_rate")})
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    kuhn = any("train/exploitability" in m for m in history)  # Kuhn Poker: a third column
+    fig, axes = plt.subplots(2, 3 if kuhn else 2, figsize=(16 if kuhn else 11, 7), squeeze=False)
     for opponent in opponents:
         key = f"rollout/{opponent}/final_win_rate"
         values = [m.get(key) for m in history]
@@ -146,6 +148,16 @@ def learning_curves_figure(history: Sequence[Mapping[str, Any]], training: Mappi
     axes[1, 1].plot(iterations, [m.get("train/loss") for m in history], label="loss")
     axes[1, 1].set_title("update")
     axes[1, 1].legend(fontsize=7)
+    if kuhn:
+        axes[0, 2].plot(iterations, [m.get("train/exploitability") for m in history], color="tab:purple")
+        axes[0, 2].set_title("exploitability of the first episode's policy\n(chips per hand; an equilibrium: 0)")
+        players = sorted({k.split("/")[1] for m in history for k in m if k.startswith("league/") and k.endswith("/mu")})
+        for player in players:  # population.league: the openskill ratings
+            axes[1, 2].plot(iterations, [m.get(f"league/{player}/mu") for m in history], label=player,
+                            linewidth=2.5 if player == "agent" else 1)
+        axes[1, 2].set_title("league ratings (openskill mu)" if players else "no league")
+        if players:
+            axes[1, 2].legend(fontsize=7)
     temperature = (training or {}).get("temperature")
     fig.suptitle("training rollouts, at the training sampling"
                  + ("" if temperature is None else f" (temperature {temperature:g})"), fontsize=10)
