@@ -39,7 +39,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=8192)
+           num_key_value_heads=2, vocab_size=4096, tie_word_embeddings=True, max_position_embeddings=8192)
 #: Dense bf16 peak of the GPUs this has run on (NVIDIA's data sheets, SXM parts), FLOP/s.
 BF16_PEAK = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
 

@@ -140,7 +140,7 @@ def bad_overrides(draw) -> tuple[str, str]:
     return key, override(key, draw(BAD_VALUES[key]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(bad_overrides())
 def test_a_value_outside_its_range_is_rejected_naming_the_key(case):
     key, text = case

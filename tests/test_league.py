@@ -87,7 +87,7 @@ def test_a_league_run_plays_its_snapshots_and_resumes_bitwise(tiny_model_dir, tm
     def settings_in(directory, *extra):
         return load_settings([
             f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=3", "train.mini_batch_size=8",
-            "train.keep_checkpoints=1", "engine.groups=4", "engine.group_size=2", "engine.episodes=2",
+            "train.keep_checkpoints=1", "engine.groups=2", "engine.group_size=2", "engine.episodes=2",
             "engine.sampling.max_new_tokens=6", "eval.meta_episodes=2", "eval.sampling.max_new_tokens=6",
             "train.eval_every=100", "population.league.enabled=true", "population.league.snapshot_every=1",
             "population.league.max_size=2", f"paths.artifacts={directory}", f"paths.results={directory}/results",
@@ -109,7 +109,7 @@ def test_a_league_run_plays_its_snapshots_and_resumes_bitwise(tiny_model_dir, tm
     history = io.read_json_lines(layout.metrics)
     assert "league/snapshot-1/share" not in history[0] and history[1]["league/snapshot-1/share"] == pytest.approx(0.5)
     assert history[2]["league/snapshot-1/share"] + history[2]["league/snapshot-2/share"] == pytest.approx(0.5)
-    assert "league/agent/mu" in history[0] and "rollout/opponent_invalid_rate" in history[1]
+    assert "league/agent/mu" in history[0]
     assert "train/exploitability" in history[0]
 
     # stopped after iteration 2, with a league line past its checkpoint (a crash after the line was
