@@ -164,6 +164,12 @@ def test_exp_run_composes_params_and_records_metrics(clone):
     assert len(shown) == 1
     (recorded,) = shown.values()
     assert recorded[params["paths"]["metrics"]] == metrics  # read back, not "!"
+    # Kuhn Poker: the final checkpoint's exploitability and its warm start's, as the evaluate stages measured them
+    run_name = params["run"]["name"]
+    for key, folder in (("exploitability", f"{params['paths']['evaluations']}/{run_name}/final"),
+                        ("start_exploitability", params["paths"]["start_evaluation"])):
+        measured = json.loads((clone["root"] / folder / "exploitability.json").read_text())
+        assert metrics[key] == pytest.approx(measured["exploitability"], abs=1e-6)
     live = recorded[f"{params['paths']['live']}/metrics.json"]
     assert live["step"] == 1 and "rollout" in live  # dvclive's summary of the one iteration: its step is the iteration
 
