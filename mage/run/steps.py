@@ -41,21 +41,24 @@ def league_state(settings: Settings, iteration: int) -> league.LeagueState:
     return league.LeagueState.start(list(settings.population.train.values()))
 
 
-def training_population(settings: Settings, iteration: int) -> list[PopulationEntry]:
+def training_population(settings: Settings, iteration: int,
+                        state: league.LeagueState | None = None) -> list[PopulationEntry]:
     """What ``iteration`` draws its opponents from: the training population, and with
-    ``population.league`` the league's snapshots (:func:`mage.league.training_entries`)."""
+    ``population.league`` the league's snapshots (:func:`mage.league.training_entries`) of
+    ``state`` (default: :func:`league_state`, read from the run)."""
     scripted = list(settings.population.train.values())
     if not settings.population.league.enabled:
         return scripted
-    return league.training_entries(scripted, league_state(settings, iteration), settings.population.league,
-                                   settings.game.name)
+    state = state if state is not None else league_state(settings, iteration)
+    return league.training_entries(scripted, state, settings.population.league, settings.game.name)
 
 
-def plan(settings: Settings, iteration: int) -> list[MetaEpisodeSpec]:
-    """The meta-episodes of an iteration: groups drawn from the training population (and the league's snapshots)."""
+def plan(settings: Settings, iteration: int, state: league.LeagueState | None = None) -> list[MetaEpisodeSpec]:
+    """The meta-episodes of an iteration: groups drawn from the training population (and the
+    league's snapshots, :func:`training_population`)."""
     engine = settings.engine
     return plan_meta_episodes(
-        training_population(settings, iteration), engine.groups, engine.group_size,
+        training_population(settings, iteration, state), engine.groups, engine.group_size,
         derive_seed(settings.seed, iteration), settings.population.seat_split, settings.game.num_players,
         mixed=settings.algo.grouping == "mixed",
     )
@@ -74,10 +77,11 @@ def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0
     """Play shard ``shard`` of this iteration's meta-episodes (of ``flow.rollout_shards``)
     against the training population with ``backend``."""
     shards = settings.flow.rollout_shards
-    specs = shard_specs(plan(settings, iteration), shard, shards)
-    members = league_state(settings, iteration).members if settings.population.league.enabled else ()
+    state = league_state(settings, iteration) if settings.population.league.enabled else None  # read once
+    specs = shard_specs(plan(settings, iteration, state), shard, shards)
     engine = RolloutEngine(backend, settings.engine, settings.game.params,
-                           opponents=snapshot_backends(settings, RunLayout.of(settings).root, members))
+                           opponents=snapshot_backends(settings, RunLayout.of(settings).root,
+                                                       state.members if state is not None else ()))
     # One sampling seed per (iteration, shard): a re-run draws the same replies.
     sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
     table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
@@ -93,8 +97,7 @@ def advance_league(settings: Settings, table: pl.DataFrame, iteration: int) -> d
         return {}
     layout = RunLayout.of(settings)
     before = league_state(settings, iteration)
-    entries = league.training_entries(list(settings.population.train.values()), before, settings_league,
-                                      settings.game.name)
+    entries = training_population(settings, iteration, before)  # what the iteration was dealt from
     joining = layout.checkpoint(iteration).relative_to(layout.root).as_posix()  # the run folder may move
     after = league.advanced(before, table, iteration, joining, settings_league)
     record.append_record(layout.league, {"iteration": iteration, **after.to_json()})
