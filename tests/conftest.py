@@ -18,6 +18,12 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per process (torch reads this on import; the processes tests start, Ray's
+# workers, DVC's stages and Prefect's, inherit it): the suite runs two pytest workers on two
+# cores, each starting more processes, and OpenMP's threads spin while they wait for one
+# another, so two threads a process on a shared core made the CPU-bound tests about three times
+# slower (scripts/test.sh). The tests' models are tiny: a second thread bought them nothing.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402  (the environment above must be set before any import)
 
