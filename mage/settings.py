@@ -233,19 +233,24 @@ def check_across(settings: Settings) -> None:
 
 
 def check_league(settings: Settings) -> None:
-    """A league needs a two-player game and a model to snapshot, served in the process's backend."""
+    """A league needs a two-player game and a model to snapshot, served in the process's backend
+    (hf: a model per snapshot; vLLM: a LoRA adapter per snapshot on the agent's engine)."""
     league = settings.population.league
     if not league.enabled:
         return
     if settings.game.num_players != 2:
         raise SettingsError(f"population.league.enabled: a league of snapshots plays the other seat, and "
                             f"{settings.game.name} has one player; set population.league.enabled=false")
-    if settings.engine.backend != "hf":
-        raise SettingsError(f"population.league.enabled: the snapshots are played by the hf backend, and "
-                            f"engine.backend is {settings.engine.backend}" + (
-                                " (a scripted agent has no weights to snapshot)" if settings.engine.backend ==
-                                "scripted" else " (vLLM's LoRA slots for snapshots are not wired yet)")
-                            + "; set engine.backend=hf")
+    backend = settings.engine.backend
+    if backend == "scripted":
+        raise SettingsError("population.league.enabled: a scripted agent has no weights to snapshot; set "
+                            "engine.backend=hf or vllm")
+    if backend == "vllm" and settings.model.lora is None:
+        # a full-weights snapshot would swap the engine's weights out from under the agent's at
+        # every call (a restart of the engine on a CPU); an adapter is one more LoRA request
+        raise SettingsError("population.league.enabled: with engine.backend=vllm the snapshots are LoRA adapters "
+                            "served beside the agent's, and model.lora is not set (full fine-tuning); set model.lora "
+                            "or engine.backend=hf")
 
 
 def check_workers(settings: Settings) -> None:

@@ -80,6 +80,23 @@ def test_snapshots_join_and_the_oldest_or_lowest_rated_leaves():
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize(("overrides", "named"), [
+    (["game=sokoban"], "sokoban has one player"),
+    (["engine.backend=scripted"], "a scripted agent has no weights"),
+    (["engine.backend=vllm"], "model.lora is not set"),
+])
+def test_a_league_it_cannot_play_is_refused_naming_the_key(overrides, named):
+    """A one-player game, a scripted agent, and vLLM under full fine-tuning (a snapshot's weights
+    would replace the agent's in the engine) are refused before any work; vLLM with LoRA is not."""
+    from mage.settings import SettingsError, load_settings
+
+    league_on = ["population.league.enabled=true"]
+    with pytest.raises(SettingsError, match=f"^population.league.enabled: .*{named}"):
+        load_settings([*league_on, *overrides])
+    lora = "model.lora={r:8,alpha:16,dropout:0.0,target_modules:[q_proj,v_proj]}"
+    assert load_settings([*league_on, "engine.backend=vllm", lora]).population.league.enabled
+
+
 def test_a_league_run_plays_its_snapshots_and_resumes_bitwise(tiny_model_dir, tmp_path):
     from mage.run import RunLayout, train
     from mage.settings import load_settings
@@ -123,3 +140,63 @@ def test_a_league_run_plays_its_snapshots_and_resumes_bitwise(tiny_model_dir, tm
     assert again.metrics.read_bytes() == layout.metrics.read_bytes()
     for k in range(1, 4):
         assert pl.read_parquet(again.rollout(k)).equals(tables[k])
+
+
+@pytest.mark.e2e
+def test_a_killed_tic_tac_toe_league_flow_resumes_with_the_same_league(tiny_model_dir, tmp_path):
+    """The README's ``+experiment=tic_tac_toe_league`` at a smoke size, a snapshot joining every
+    iteration: ``python -m flows train`` SIGKILLed in iteration 2 (its rollout written, its
+    checkpoint not), then started again, ends where the library's uninterrupted loop ends: the
+    same league.jsonl (snapshots, ratings), metrics.jsonl, rollout tables and weights, byte for
+    byte. The snapshots played Tic-Tac-Toe's other seat from iteration 2 on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from mage.run import RunLayout, train
+    from mage.settings import load_settings
+
+    def overrides(directory):
+        return ["+experiment=tic_tac_toe_league", f"model.path={tiny_model_dir}", "model.build=null",
+                "train.iterations=3", "train.mini_batch_size=8", "engine.groups=2", "engine.group_size=2",
+                "engine.episodes=2", "engine.sampling.max_new_tokens=6", "train.eval_every=100",
+                "population.league.snapshot_every=1", "population.league.max_size=2", "paths.live=null",
+                f"paths.artifacts={directory}", f"paths.results={directory}/results"]
+
+    whole = load_settings(overrides(tmp_path / "whole"))
+    assert whole.game.name == "tic_tac_toe" and whole.population.league.enabled
+    train(whole, progress=False)
+
+    killed = load_settings(overrides(tmp_path / "killed"))
+    layout = RunLayout.of(killed)
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)  # the command's own temporary server, as a user's
+    command = [sys.executable, "-m", "flows", "train", *overrides(tmp_path / "killed")]
+    repo = Path(__file__).resolve().parent.parent
+    with open(tmp_path / "first.log", "w") as log:
+        flow = subprocess.Popen(command, cwd=repo, env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not layout.rollout(2).exists() and time.monotonic() < deadline:
+            assert flow.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        os.killpg(flow.pid, signal.SIGKILL)  # no handler, no clean-up: as a lost machine
+        flow.wait(30)
+    assert layout.rollout(2).exists(), (tmp_path / "first.log").read_text()[-3000:]
+    assert not (layout.checkpoints / "ckpt-00002").exists()
+    again = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+    done = RunLayout.of(whole)
+    assert layout.league.read_bytes() == done.league.read_bytes()
+    assert layout.metrics.read_bytes() == done.metrics.read_bytes()
+    for k in (1, 2, 3):
+        assert pl.read_parquet(layout.rollout(k)).equals(pl.read_parquet(done.rollout(k))), k
+    final = "ckpt-00003/model.safetensors"
+    assert (layout.checkpoints / final).read_bytes() == (done.checkpoints / final).read_bytes()
+    played = [set(pl.read_parquet(done.rollout(k))["opponent"]) for k in (1, 2, 3)]
+    assert not any(o.startswith("snapshot") for o in played[0]) and "snapshot-1" in played[1], played

@@ -151,10 +151,16 @@ def test_each_iteration_samples_from_the_previous_checkpoint(lora, taught_model_
     from tasks import state as memory
 
     memory.forget()
-    settings = load_settings(train_overrides(taught_model_dir, tmp_path, *([LORA] if lora else [])))
+    # LoRA: with a league (docs/method.md, "The league"), whose first snapshot, ckpt-00001's
+    # adapter, plays from iteration 2 on the same engine, beside the agent's newer adapter
+    league = ["population.league.enabled=true", "population.league.snapshot_every=1"]
+    settings = load_settings(train_overrides(taught_model_dir, tmp_path, *([LORA, *league] if lora else [])))
     result = train(settings, progress=False)
     assert result.iterations == [1, 2, 3]
     paths = RunLayout.of(settings)
+    if lora:
+        played = [set(pl.read_parquet(paths.rollout(i))["opponent"]) for i in (1, 2, 3)]
+        assert "snapshot-1" not in played[0] and all("snapshot-1" in p for p in played[1:]), played
 
     def logprobs_under(checkpoint, table):
         policy = load_run_policy(settings, checkpoint)
