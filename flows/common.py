@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from prefect import get_run_logger
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
+from mage import stopping
 from mage.memory import check_fits
 from mage.path_checks import check_paths
 from mage.sections import FlowConfig
@@ -66,6 +67,24 @@ def shard_workers(settings: Settings, runner: TaskRunner, shards: int) -> Iterat
             return
         with ThreadPoolTaskRunner(max_workers=len(actors)) as dispatcher:
             yield dispatcher
+
+
+@contextlib.contextmanager
+def task_runners(settings: Settings, shards: int) -> Iterator[TaskRunner]:
+    """The flow's task runner (``flow.runner``), started, and inside it the runner to submit
+    shards to (:func:`shard_workers`). If the block fails or is stopped (a stop signal reaches
+    only the main thread), the tasks still running on the runners' threads are asked to end at
+    their next step (:mod:`mage.stopping`) before the runners wait for them: the flow then
+    records its final state within seconds, not when the last shard is played."""
+    try:
+        with make_runner(settings.flow) as runner, shard_workers(settings, runner, shards) as shard_runner:
+            try:
+                yield shard_runner
+            except BaseException:
+                stopping.request()
+                raise
+    finally:
+        stopping.clear()
 
 
 def logger():

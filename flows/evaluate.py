@@ -9,7 +9,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import local_timezone, logger, make_runner, settings_for, shard_workers
+from flows.common import local_timezone, logger, settings_for, task_runners
 from mage import exploitability, io
 from mage.evaluation import EXPLOITABILITY_FILE, recorded_policy, same_policy, same_sampling
 from mage.run.layout import RunLayout, evaluation_dir
@@ -40,8 +40,7 @@ def play(settings: Settings, checkpoint: FileRef | None, splits: tuple[str, ...]
     play_split = configured(evaluate_split, flow_cfg)
     measure = configured(measure_exploitability, flow_cfg) if exploitability.measured(settings) else None
     if flow_cfg.runner == "ray":  # one task per split, side by side on the cluster
-        with make_runner(flow_cfg) as runner, shard_workers(settings, runner, 0) as split_runner, \
-                shard_options(flow_cfg):
+        with task_runners(settings, 0) as split_runner, shard_options(flow_cfg):
             futures = {split: split_runner.submit(play_split, {"settings": settings, "model": model,
                                                                    "checkpoint": checkpoint, "split": split,
                                                                    "out_dir": str(out_dir)})

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import logger, make_runner, settings_for, shard_workers
+from flows.common import logger, settings_for, task_runners
 from mage.run import loop
 from mage.run.layout import RunLayout
 from tasks.training import FlowSteps
@@ -29,8 +29,7 @@ def train(overrides: list[str] | None = None, config_file: str | None = None) ->
              f"{settings.engine.group_size} meta-episodes, {flow_cfg.rollout_shards} rollout shard(s) on a "
              f"{flow_cfg.runner} runner")
     # the run's lock first: a second writer stops before it starts workers or loads a model
-    with RunLayout.of(settings).writing(), make_runner(flow_cfg) as runner, \
-            shard_workers(settings, runner, flow_cfg.rollout_shards) as shard_runner:
+    with RunLayout.of(settings).writing(), task_runners(settings, flow_cfg.rollout_shards) as shard_runner:
         result = loop.train(settings, FlowSteps(settings, shard_runner))
     checkpoint = result.checkpoint
     if result.resumed_from is not None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from mage import stopping
 from mage.backends import vllm_sync
 from mage.rollout import RolloutStats
 from mage.run import RunLayout, steps
@@ -125,7 +126,10 @@ def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shar
     if settings.flow.ray.long_lived_workers:
         actor = ray.get_actor(actor_name(settings.run_name, shard), namespace=NAMESPACE)
         wait_until_started(actor)
-        return ray.get(actor.play.remote(checkpoint, iteration, shard))
+        played = actor.play.remote(checkpoint, iteration, shard)
+        while not ray.wait([played], timeout=1.0)[0]:
+            stopping.check()  # this thread waits for the actor: the flow's stop reaches it only so
+        return ray.get(played)
     worker = RolloutWorker(settings)
     try:
         return steps.play_shard(worker, iteration, checkpoint, shard)

@@ -20,9 +20,9 @@ PACKAGES = ("mage", "tasks", "flows")
 #: From the bottom. A module is on the floor of the longest prefix that names it; it may import
 #: its own floor (without a cycle) and the floors below, never one above.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("ground: games, algorithms, the reply protocol, files, the typed settings",
+    ("ground: games, algorithms, the reply protocol, files, the typed settings, the stop asked of threads",
      ("mage", "mage.io", "mage.stats", "mage.games", "mage.protocol", "mage.algo", "mage.sections", "mage.config",
-      "mage.config_comments", "mage.tensors")),
+      "mage.config_comments", "mage.tensors", "mage.stopping")),
     ("opponents and backends, the population and its league, the validated settings and their reference, the "
      "cluster placement, the paths checked before work",
      ("mage.opponents", "mage.backends", "mage.ceilings", "mage.population", "mage.league", "mage.settings",

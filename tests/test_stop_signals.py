@@ -50,14 +50,104 @@ def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path, sig
         if flow.poll() is None:
             os.killpg(flow.pid, signal.SIGKILL)
             flow.wait(30)
-    text = err.read_text()
-    assert seconds < 10, f"{seconds:.1f} s to stop\n{text}"
-    assert flow.returncode == 128 + signum, text
-    assert text.splitlines()[-1] == f"stopped by {signum.name}", text
-    # the flow's final state recorded while its server ran, then the server stopped
-    assert "Flow run" in text and "Finished in state Crashed(" in text, text
-    assert "Traceback" not in text and "Error logging to API" not in text, text
-    assert all(process_ended(server) for server in servers)
+    assert_stopped_cleanly(signum, seconds, flow.returncode, err.read_text(), servers)
     models = artifacts / "models"
     left = sorted(path.name for path in models.iterdir()) if models.exists() else []
     assert left == [], f"left under {models}: {left}"  # no temporary, no half-built model
+
+
+def assert_stopped_cleanly(signum: signal.Signals, seconds: float, returncode: int, text: str, servers: list) -> None:
+    """Within 10 s, status 128 + signal and one last line; the flow's final state recorded while
+    its server ran, then the server stopped; no traceback, no failed log shipping."""
+    assert seconds < 10, f"{seconds:.1f} s to stop\n{text}"
+    assert returncode == 128 + signum, text
+    assert text.splitlines()[-1] == f"stopped by {signum.name}", text
+    assert "Flow run" in text and "Finished in state Crashed(" in text, text
+    assert "Traceback" not in text and "Error logging to API" not in text, text
+    assert all(process_ended(server) for server in servers)
+
+
+#: Where a signal lands in the pipeline (tests/flow_marking_a_step.py marks the call): a rollout
+#: shard on a task runner's thread, where no signal handler runs (each of its model calls slowed
+#: by a second, so that it is still playing), and the update, an evaluation and the report on
+#: the main thread (held there, so that the signal finds them running). Score and checkpoint
+#: run on the main thread as the update does.
+DURING = [
+    ("rollout", "mage.backends.hf:HFBackend.generate", 1.0, signal.SIGTERM),
+    ("update", "mage.run.steps:update", 120.0, signal.SIGINT),
+    ("evaluate", "mage.run.steps:evaluate", 120.0, signal.SIGTERM),
+    ("report", "tasks.evaluation:build_report", 120.0, signal.SIGINT),
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("task", "target", "seconds", "signum"), DURING, ids=[case[0] for case in DURING])
+def test_a_stop_signal_ends_the_pipeline_within_seconds_in_each_task(tiny_model_dir, tmp_path, task, target, seconds,
+                                                                     signum):
+    """The pipeline, stopped by a signal to its process group while ``task`` runs: it ends as
+    the build's test says, and leaves no temporary file and no run lock held (the same command
+    starts again at once and finds the run's lock free)."""
+    home, artifacts, err, marker = tmp_path / "home", tmp_path / "artifacts", tmp_path / "stderr", tmp_path / "marked"
+    env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    overrides = [f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=1", "engine.groups=2",
+                 "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=6",
+                 "eval.meta_episodes=2", "eval.sampling.max_new_tokens=6", "paths.live=null",
+                 f"paths.artifacts={artifacts}", f"paths.results={tmp_path}/results"]
+    command = [sys.executable, str(REPO / "tests" / "flow_marking_a_step.py"), target, str(marker), str(seconds),
+               "pipeline", *overrides]
+    with open(err, "w") as out:
+        flow = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=out,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and time.monotonic() < deadline:
+            assert flow.poll() is None, err.read_text()
+            time.sleep(0.05)
+        assert marker.exists(), f"{task} never started\n{err.read_text()}"
+        servers = _servers_of(flow.pid, home)
+        started = time.monotonic()
+        os.killpg(flow.pid, signum)
+        flow.wait(60)
+        seconds_to_stop = time.monotonic() - started
+    finally:
+        if flow.poll() is None:
+            os.killpg(flow.pid, signal.SIGKILL)
+            flow.wait(30)
+    text = err.read_text()
+    assert_stopped_cleanly(signum, seconds_to_stop, flow.returncode, text, servers)
+    temporaries = [str(p.relative_to(artifacts)) for p in artifacts.rglob(".*") if not p.name.endswith(".lock")]
+    assert temporaries == [], temporaries
+    from mage import io
+    from mage.run import RunLayout
+    from mage.settings import load_settings
+
+    with io.exclusive_lock(RunLayout.of(load_settings(overrides)).lock, "the stopped run"):
+        pass  # free: the stopped command held it, and the kernel released it with the process
+
+
+def test_a_rollout_asked_to_stop_ends_at_its_next_step_and_the_ask_clears():
+    """mage.stopping: a rollout (on any thread) asked to stop raises StopRequested before its
+    next model call, which is not retried; once cleared, the same rollout plays to its end."""
+    from conftest import defaults, rollout_config, sampling
+
+    from mage import stopping
+    from mage.backends.scripted import ScriptedBackend
+    from mage.rollout import RolloutEngine, plan_meta_episodes
+    from tasks.caching import is_transient
+
+    settings = defaults()
+    specs = plan_meta_episodes(list(settings.population.train.values()), num_groups=2, group_size=2, seed=0)
+    backend = ScriptedBackend("random", seed=0)
+    calls = []
+    generate = backend.generate
+    backend.generate = lambda *a, **k: calls.append(1) or generate(*a, **k)
+    engine = RolloutEngine(backend, rollout_config(group_size=2), settings.game.params)
+    stopping.request()
+    try:
+        with pytest.raises(stopping.StopRequested) as stopped:
+            engine.run(specs, sampling(), progress=False)
+    finally:
+        stopping.clear()
+    assert calls == [] and not is_transient(stopped.value)
+    assert engine.run(specs, sampling(), progress=False)["meta_id"].n_unique() == len(specs) and calls

@@ -28,6 +28,7 @@ import polars as pl
 from tqdm.auto import tqdm
 
 import mage.rollout.prompts as prompts
+from mage import stopping
 from mage.backends.base import Backend, Generation, GenerationRequest
 from mage.games import Episode, Game, Outcome
 from mage.opponents import opponent_for
@@ -343,6 +344,7 @@ class RolloutEngine:
         shown = time.time()
         step = 0
         while pending or live:
+            stopping.check()  # a stop signal reaches only the main thread; this may run on another
             while pending and len(live) < limit:
                 spec = pending.pop(0)
                 key = tuple(sorted(spec.entry.game_params.items()))
