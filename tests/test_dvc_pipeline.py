@@ -247,31 +247,13 @@ def test_the_report_agrees_with_a_recomputation_from_the_trajectory_table(clone)
 
 
 @pytest.mark.e2e
-def test_two_experiments_compare_side_by_side(clone):
-    """MAGE (the fixture's experiment) against GRPO: both rows of `dvc exp show` carry their
-    params and metrics, and `dvc plots diff` draws their training curves together."""
-    root = clone["root"]
-    arguments = [item for override in [*OVERRIDES, "algo=grpo", "engine.episodes=1"] for item in ("-S", override)]
-    output = run([sys.executable, "-m", "dvc", "exp", "run", *arguments], root)
-    assert "Running stage 'train'" in output and "Running stage 'prepare_model'" not in output  # same warm start
-    shown = json.loads(run([sys.executable, "-m", "dvc", "exp", "show", "--json"], root))
-    rows = experiments(shown)
-    assert len(rows) == 2
-    metrics_file = clone["params"]["paths"]["metrics"]
-    for metrics in rows.values():
-        assert all(isinstance(metrics[metrics_file][f"{s}/{f}"], float) for s in ("train", "held_out") for f in HEADLINE)
-    assert '"algo=grpo"' not in json.dumps(shown) and '"grpo"' in json.dumps(shown)  # the composed params, not the override
-    names = sorted(rows)
-    plots = run([sys.executable, "-m", "dvc", "plots", "diff", *names, "--json"], root)
-    assert all(name in plots for name in names)
-
-
-@pytest.mark.e2e
-def test_a_second_experiment_beside_a_running_one_is_refused_and_the_first_is_saved(clone):
+def test_a_second_experiment_beside_a_running_one_is_refused_and_two_experiments_compare(clone):
     """The README's main command twice at once in one clone: the second ends at once with one
-    line (it would have written its values into the first's params.yaml); the first runs to
-    the end with its own values, saved as an experiment, and leaves the workspace in step.
-    A DVC command started by hand (DVC's own lock held) is refused the same way."""
+    line (it would have written its values into the first's params.yaml); the first (GRPO) runs
+    to the end with its own values, saved as an experiment, and leaves the workspace in step.
+    A DVC command started by hand (DVC's own lock held) is refused the same way. MAGE (the
+    fixture's experiment) and that GRPO one compare side by side: both rows of `dvc exp show`
+    carry their params and metrics, and `dvc plots diff` draws their training curves together."""
     import time
 
     import zc.lockfile
@@ -299,10 +281,21 @@ def test_a_second_experiment_beside_a_running_one_is_refused_and_the_first_is_sa
                                                   if line.startswith("error: an experiment is already running")]
     assert len(second.stderr.strip().splitlines()) == 1 and f"pid {first.pid}" in second.stderr
     assert first.wait(600) == 0, log.read_text()[-3000:]
+    output = log.read_text()
+    assert "Running stage 'train'" in output and "Running stage 'prepare_model'" not in output  # same warm start
     assert yaml.safe_load((root / "params.yaml").read_text())["eval"]["meta_episodes"] == 8  # the first's own
     assert dvc_status(root) == {}
     shown = json.loads(run([sys.executable, "-m", "dvc", "exp", "show", "--json"], root))
     assert '"meta_episodes": 8' in json.dumps(shown) and '"meta_episodes": 12' not in json.dumps(shown)
+    rows = experiments(shown)
+    assert len(rows) == 2
+    metrics_file = clone["params"]["paths"]["metrics"]
+    for metrics in rows.values():
+        assert all(isinstance(metrics[metrics_file][f"{s}/{f}"], float) for s in ("train", "held_out") for f in HEADLINE)
+    assert '"algo=grpo"' not in json.dumps(shown) and '"grpo"' in json.dumps(shown)  # the composed params, not the override
+    names = sorted(rows)
+    plots = run([sys.executable, "-m", "dvc", "plots", "diff", *names, "--json"], root)
+    assert all(name in plots for name in names)
 
     held = zc.lockfile.LockFile(str(root / ".dvc" / "tmp" / "lock"))  # as a running `dvc repro` holds it
     try:
