@@ -155,3 +155,39 @@ def test_a_one_process_checkpoint_is_refused_on_workers_naming_the_key(tiny_mode
                                  metrics={})
     with pytest.raises(ValueError, match=r"^train.workers: .* was written by one process"):
         run_update(job(settings, table, tmp_path / "next", resume=saved.path))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("extra", [(), (LORA,)], ids=["full", "lora"])
+def test_a_one_process_checkpoint_continues_on_two_ranks_as_in_one_process(tiny_model_dir, tmp_path, extra):
+    """A run checkpointed by one process (``trainer_state.safetensors``) resumed with
+    train.workers=2: the driver (start_training) writes a sharded state from the checkpoint, and
+    two ranks' update from it equals one process continuing the checkpoint itself (within 1e-4:
+    three AdamW steps, two of them from the checkpoint's moments); the checkpoint's weights and
+    moments are what the ranks start from, not the base model's."""
+    from mage.run.state import start_training
+    from mage.train import checkpoint as ckpt
+
+    table = scored_table(tiny_model_dir, tmp_path / "table.parquet")
+    one = settings_for(tiny_model_dir, tmp_path, *extra)
+    first = start_training(one)
+    first.trainer.update(pl.read_parquet(table), seed=3, learning_rate=1e-3)
+    saved = ckpt.save_checkpoint(tmp_path / "checkpoints", 1, first.policy, first.trainer.optimizer,
+                                 config_hash="h", parent=None, metrics={})
+    assert not saved.sharded
+
+    alone = start_training(one, saved)
+    alone_metrics = alone.trainer.update(pl.read_parquet(table), seed=4, learning_rate=1e-3)
+    expected = {name: p.detach().clone() for name, p in alone.policy.model.named_parameters() if p.requires_grad}
+
+    workers = settings_for(tiny_model_dir, tmp_path, *extra, "flow.runner=ray", "train.workers=2",
+                           "train.checkpoint_every=1")
+    driver = start_training(workers, saved)
+    assert driver.workers_resume is not None and (driver.workers_resume / sharded.SHARDED_STATE).is_dir()
+    shared = on_ranks(2, job(workers, table, tmp_path / "two", resume=driver.workers_resume, seed=4))
+    assert shared["loss"] == pytest.approx(alone_metrics["loss"], abs=1e-5)
+    assert shared["kl"] == pytest.approx(alone_metrics["kl"], rel=1e-3) and alone_metrics["kl"] > 0
+    assert_close(expected, trained(tmp_path / "two"), tolerance=1e-4)
+    # from the base model instead, the same update lands elsewhere: the checkpoint was read
+    fresh = on_ranks(2, job(workers, table, tmp_path / "fresh", seed=4))
+    assert fresh["kl"] != pytest.approx(alone_metrics["kl"], rel=1e-3)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -30,12 +31,17 @@ from mage.backends import Backend, vllm_sync
 from mage.backends.vllm import VLLMBackend
 from mage.models.policy import Policy, load_run_policy, rollout_backend, teacher_forced
 from mage.rollout import read_trajectories
+from mage.run.layout import RunLayout
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
 from mage.train import sharded
 from mage.train.trainer import PolicyTrainer
 
 logger = logging.getLogger(__name__)
+
+#: Beside the checkpoints: the sharded state written from a one-process checkpoint that a run
+#: continues on ``train.workers`` > 1 workers (``TrainingState.workers_resume``).
+WORKERS_RESUME = ".workers-resume-{iteration:05d}"
 
 @dataclass
 class TrainingState:
@@ -51,6 +57,9 @@ class TrainingState:
     #: ``train.workers`` > 1: the workers' sharded state of the newest update, which the next
     #: checkpoint takes (the trainer in this process holds the weights, not the optimizer)
     sharded_state: Path | None = None
+    #: ``train.workers`` > 1 resuming a one-process checkpoint: the sharded state written from it,
+    #: which the workers' first update continues instead (removed once that update is done)
+    workers_resume: Path | None = None
     _probe: vllm_sync.Probe | None = field(default=None, repr=False)  # what a vLLM engine is checked on
 
     def backend(self) -> Backend:
@@ -148,12 +157,18 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
         ckpt.load_weights(policy, checkpoint)
         if checkpoint.sharded and settings.train.workers == 1:  # written by N workers, continued in one process
             sharded.load_state(trainer, checkpoint.path)
-        elif not checkpoint.sharded and settings.train.workers > 1:
-            sharded.refuse_one_process(checkpoint.path)
         elif not checkpoint.sharded:
             ckpt.load_trainer_state(checkpoint, trainer.optimizer)
         ckpt.load_rng(checkpoint)
-    return TrainingState(settings, policy, trainer, checkpoint.iteration if checkpoint else 0, checkpoint)
+    state = TrainingState(settings, policy, trainer, checkpoint.iteration if checkpoint else 0, checkpoint)
+    if checkpoint is not None and not checkpoint.sharded and settings.train.workers > 1:
+        # written by one process, continued on workers: they read a sharded state, written here
+        # once from the state this process just loaded (any number of ranks reads it back)
+        staging = RunLayout.of(settings).checkpoints / WORKERS_RESUME.format(iteration=checkpoint.iteration)
+        shutil.rmtree(staging, ignore_errors=True)  # an earlier start's
+        sharded.write_state(trainer, staging)
+        state.workers_resume = staging
+    return state
 
 
 class RolloutWorker:

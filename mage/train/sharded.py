@@ -13,8 +13,10 @@ it (:mod:`mage.train.distributed`), loads the state it resumes from, runs
   every weight; LoRA: the adapter), by their names in the policy's model, which the driver loads
   into its policy for the rollouts and the checkpoint's ordinary model directory or adapter.
 
-A one-process checkpoint (``trainer_state.safetensors``, :mod:`mage.train.checkpoint`) is not
-continued on workers yet: :func:`load_state` says so, naming ``train.workers``.
+A one-process checkpoint (``trainer_state.safetensors``, :mod:`mage.train.checkpoint`) is
+continued on workers through a sharded state written once from it: the driver loads it as one
+process would continue it and writes that state (:func:`write_state`, in
+:func:`mage.run.state.start_training`), which the workers then read as any other.
 """
 
 from __future__ import annotations
@@ -74,16 +76,26 @@ def _state(trainer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, optimizer_state
 
 
+def write_state(trainer, out: str | Path) -> Path:
+    """Every rank (or one process): the trained weights and the optimizer's moments as a sharded
+    state, ``out/trainer_state``, which any number of ranks reads back (:func:`load_state`)."""
+    import torch.distributed.checkpoint as dcp
+
+    directory = Path(out) / SHARDED_STATE
+    _materialise_optimizer(trainer)  # a weight that has had no gradient yet still has its moments
+    tensors, _ = _state(trainer)
+    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(directory), save_distributed=True))
+    return directory
+
+
 def save_state(trainer, out: str | Path) -> None:
     """Every rank: the sharded state into ``out/trainer_state``; rank 0 also the gathered trained
     tensors (``out/weights.safetensors``) and ``out/update.json``."""
-    import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     out = Path(out)
-    tensors, _ = _state(trainer)
-    dcp.save(tensors, storage_writer=dcp.HuggingFaceStorageWriter(str(out / SHARDED_STATE), save_distributed=True))
+    write_state(trainer, out)
     full = get_model_state_dict(trainer.model, options=_options(full_state_dict=True, cpu_offload=True))
     if trainer.collective.rank == 0:
         trained = {name: full[name].detach().contiguous() for name in _trained_names(trainer.model)}
@@ -125,12 +137,11 @@ def _materialise_optimizer(trainer) -> None:
 
 
 def refuse_one_process(directory: str | Path) -> None:
-    """The error for a one-process checkpoint continued on workers (the driver raises it before
-    any work, :func:`mage.run.state.start_training`)."""
-    raise ValueError(f"train.workers: {directory} was written by one process (train.workers=1), and its "
-                     "optimizer state cannot be scattered to the workers' shards yet; continue this run with "
-                     "train.workers=1 (a run checkpointed by workers continues on any number of them, or in one "
-                     "process)")
+    """The error for a one-process checkpoint handed to the ranks as it is (the driver converts
+    one first: :func:`mage.run.state.start_training`)."""
+    raise ValueError(f"train.workers: {directory} was written by one process (train.workers=1): the ranks read a "
+                     f"sharded state; write one from it first (mage.train.sharded.write_state, as "
+                     f"mage.run.state.start_training does)")
 
 
 def run_update(job: UpdateJob) -> dict[str, float]:
