@@ -130,6 +130,9 @@ class TrainingState:
             self._backend.release()
         self._backend = None
         release_snapshots()
+        if self.workers_resume is not None:  # not used by an update: the next start writes it again
+            shutil.rmtree(self.workers_resume, ignore_errors=True)
+            self.workers_resume = None
 
 
 def probe_logprobs(policy: Policy, probe: vllm_sync.Probe) -> list[list[float]]:
