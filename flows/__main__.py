@@ -127,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from flows.server import PrefectAPIError, prefect_api
 
-    if not args.debug:
-        quiet_tracebacks_of((CorruptFileError, IncompatibleFilesError, RunLockedError, StorageError))
+    from mage.stopping import StopRequested
+
+    # a shard asked to stop by a stop signal is no error to explain: its line says so, always
+    quiet_tracebacks_of((StopRequested,) if args.debug else
+                        (StopRequested, CorruptFileError, IncompatibleFilesError, RunLockedError, StorageError))
     try:
         with prefect_api(settings.flow.api_timeout_seconds, settings.flow.server_start_timeout_seconds):
             load(args.flow)(**kwargs)

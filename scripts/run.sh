@@ -8,16 +8,15 @@
 # changed and records the run as an experiment (`dvc exp show`).
 # One experiment at a time in a clone: `dvc exp run` writes its -S values into params.yaml
 # before it meets DVC's lock, so a second one started beside a running one would change the
-# first's parameters. A second call is refused with one line; queue experiments instead
-# (`python -m dvc exp run --queue -S ...`, then `python -m dvc queue start`: each runs in a copy
-# of its own). MAGE_SKIP_SETUP=1 uses the python on PATH as it is (the tests).
+# first's parameters. A second call is refused with one line: run experiments one after
+# another, or in separate clones. MAGE_SKIP_SETUP=1 uses the python on PATH as it is (the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
 mkdir -p .dvc/tmp
 exec 9>>.dvc/tmp/mage-experiment.lock
 if ! flock -n 9; then
-  echo "error: an experiment is already running in this clone (scripts/run.sh, pid $(cat .dvc/tmp/mage-experiment.pid 2>/dev/null || echo unknown)); wait for it, or queue this one: python -m dvc exp run --queue $* && python -m dvc queue start" >&2
+  echo "error: an experiment is already running in this clone (scripts/run.sh, pid $(cat .dvc/tmp/mage-experiment.pid 2>/dev/null || echo unknown)); wait for it, or run this one in another clone" >&2
   exit 2
 fi
 echo $$ > .dvc/tmp/mage-experiment.pid
@@ -34,8 +33,8 @@ import zc.lockfile
 try:
     zc.lockfile.LockFile(".dvc/tmp/lock").close()
 except zc.lockfile.LockError:
-    sys.exit("error: a DVC command is running in this clone (it holds .dvc/tmp/lock); wait for it, or queue this "
-             f"experiment: python -m dvc exp run --queue {sys.argv[1]} && python -m dvc queue start")
+    sys.exit("error: a DVC command is running in this clone (it holds .dvc/tmp/lock); wait for it, or run this "
+             "experiment in another clone")
 PY
 started=$(date +%s)
 python -m dvc exp run "$@"

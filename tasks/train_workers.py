@@ -112,12 +112,12 @@ def update_on_workers(state: TrainingState, iteration: int) -> dict[str, float]:
     job = UpdateJob(settings, iteration, str(layout.rollout(iteration)), str(resume) if resume else None, str(out),
                     derive_seed(settings.seed, iteration, 1), settings.train.learning_rate_at(iteration))
     metrics = fit(job)
-    if state.workers_resume is not None:  # continued: the next update resumes from this one's state
-        shutil.rmtree(state.workers_resume, ignore_errors=True)
-        state.workers_resume = None
     sharded.load_trained(state.policy, out)
     state.iteration = iteration
     state.sharded_state = out / sharded.SHARDED_STATE
+    if state.workers_resume is not None:  # continued: the next update resumes from this one's state
+        shutil.rmtree(state.workers_resume, ignore_errors=True)
+        state.workers_resume = None
     return metrics
 
 

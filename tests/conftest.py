@@ -22,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # workers, DVC's stages and Prefect's, inherit it): the suite runs two pytest workers on two
 # cores, each starting more processes, and OpenMP's threads spin while they wait for one
 # another, so two threads a process on a shared core made the CPU-bound tests about three times
-# slower (scripts/test.sh). The tests' models are tiny: a second thread bought them nothing.
+# slower (BENCHMARKS.md, "The test suite": benchmarks/test_threads.sh). The tests' models are tiny: a second thread bought them nothing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402  (the environment above must be set before any import)

@@ -1,8 +1,9 @@
 """``python tests/flow_marking_a_step.py TARGET MARKER SECONDS FLOW [ARGS ...]``: the command
 line ``python -m flows FLOW [ARGS ...]``, run as it is, except that the function TARGET
-(``module:name`` or ``module:Class.name``) creates the file MARKER the first time it is called
-and then waits SECONDS before it does its own work, each time it is called. A test that sees
-MARKER knows which task is running, and sends its stop signal there (tests/test_stop_signals.py)."""
+(``module:name`` or ``module:Class.name``) adds a line to the file MARKER each time it is
+called, then waits SECONDS before it does its own work. A test that sees MARKER knows which
+task is running, and sends its stop signal there; the lines count the calls that followed
+(tests/test_stop_signals.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def mark(target: str, marker: Path, seconds: float) -> None:
 
     @functools.wraps(original)
     def marked(*args, **kwargs):
-        marker.touch()
+        with marker.open("a") as lines:
+            lines.write("called\n")
         time.sleep(seconds)
         return original(*args, **kwargs)
 

@@ -79,7 +79,6 @@ def test_snapshots_join_and_the_oldest_or_lowest_rated_leaves():
     assert league.LeagueState.from_json(state.to_json()) == state
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize(("overrides", "named"), [
     (["game=sokoban"], "sokoban has one player"),
     (["engine.backend=scripted"], "a scripted agent has no weights"),
@@ -97,6 +96,7 @@ def test_a_league_it_cannot_play_is_refused_naming_the_key(overrides, named):
     assert load_settings([*league_on, "engine.backend=vllm", lora]).population.league.enabled
 
 
+@pytest.mark.e2e
 def test_a_league_run_plays_its_snapshots_and_resumes_bitwise(tiny_model_dir, tmp_path):
     from mage.run import RunLayout, train
     from mage.settings import load_settings

