@@ -39,6 +39,8 @@ def run(work: Path, seeds: list[int], overrides: list[str]) -> None:
             clone = clone_of(work, arm, seed)
             shutil.rmtree(clone, ignore_errors=True)
             subprocess.run(["git", "clone", "-q", str(HERE), str(clone)], check=True)
+            # every run of one call at the commit it started from, whatever is committed meanwhile
+            subprocess.run(["git", "checkout", "-q", "--detach", commit], cwd=clone, check=True)
             (clone / ".venv").symlink_to(HERE / ".venv")
             arguments = [item for o in [*extra, f"seed={seed}", *overrides] for item in ("-S", o)]
             print(f"{commit} {arm} seed {seed}: dvc exp run {' '.join(arguments)}", flush=True)
@@ -77,7 +79,9 @@ def summary(work: Path) -> None:
         exploitability = (f"{sides['start']['exploitability']:.3f} -> {sides['policy']['exploitability']:.3f}"
                           if {"start", "policy"} <= set(sides) else "-")
         gain_text = "-" if gain is None else f"{gain:+.3f} [{gain_ci[0]:+.3f}, {gain_ci[1]:+.3f}]"
-        print(f"| {arm} | {seed} | {(clone / 'commit.txt').read_text().strip()} | {win:.3f} [{win_ci[0]:.3f}, "
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True,
+                                check=True).stdout.strip()  # what ran (commit.txt only says the run ended)
+        print(f"| {arm} | {seed} | {commit} | {win:.3f} [{win_ci[0]:.3f}, "
               f"{win_ci[1]:.3f}] | {gain_text} | {exploitability} | {curve} | {league} |")
 
 
