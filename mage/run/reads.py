@@ -28,8 +28,9 @@ READS: dict[str, tuple[str, ...]] = {
     # every opponent with the manifest's ceilings beside) or a hub model's download
     "prepare_model": ("model", "game.name", "game.params", "population", "paths.population_manifest"),
     # the policy, its trainer and the backend that samples from it
+    # (the run's folder: train.workers > 1 continues a one-process checkpoint from a state written beside it)
     "start": ("model", "train", "algo.kl_coef", "engine.backend", "engine.hf", "engine.vllm", "engine.scripted",
-              "engine.sampling.temperature", "seed"),
+              "engine.sampling.temperature", "seed", "run.name", "paths.runs"),
     # one shard of an iteration's meta-episodes (the shard count sets the sampling seeds)
     "rollout": ("engine", "game.name", "game.params", "population.train", "population.seat_split",
                 "population.league", "algo.grouping", "model", "seed", "train.seed", "run.name", "paths.runs",
