@@ -33,10 +33,6 @@ def clear() -> None:
     _REQUESTED.clear()
 
 
-def requested() -> bool:
-    return _REQUESTED.is_set()
-
-
 def check() -> None:
     """Raise :class:`StopRequested` if a stop was asked."""
     if _REQUESTED.is_set():

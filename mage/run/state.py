@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 #: continues on ``train.workers`` > 1 workers (``TrainingState.workers_resume``).
 WORKERS_RESUME = ".workers-resume-{iteration:05d}"
 
+
 @dataclass
 class TrainingState:
     """The policy and its trainer after ``iteration`` iterations; ``checkpoint`` is the newest
