@@ -92,7 +92,8 @@ def test_a_missing_or_stale_key_is_named():
     line = next(line for line in text.splitlines() if line.startswith("| `algo.kl_coef` |"))
     without = text.replace(line + "\n", "")
     assert differences(without, text) == ['algo.kl_coef (under "algo"): missing']
-    stale = text.replace(line, line.replace("`0.1`", "`0.2`"))
+    cells = line.split(" | ")  # key, type, default, allowed, effect
+    stale = text.replace(line, " | ".join([*cells[:2], "`12345.0`", *cells[3:]]))
     [problem] = differences(stale, text)
     assert problem.startswith('algo.kl_coef (under "algo"): stale')
     assert differences(text + "\nhand-written note\n", text) == ["the text outside the key tables differs"]
