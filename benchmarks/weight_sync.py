@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 
 
-def build_tiny_shaped(directory: Path) -> Path:
-    """A random model of the tiny preset's shape and a tokenizer trained on scripted Kuhn text."""
+def build_tiny_shaped(directory: Path, **shape: int) -> Path:
+    """A random model of the tiny preset's shape (``shape``: another hidden_size, num_layers,
+    num_heads, num_kv_heads or intermediate_size) and a tokenizer trained on scripted Kuhn text."""
     from mage.backends.scripted import ScriptedBackend
     from mage.build.tiny import random_model, train_tokenizer
     from mage.rollout import RolloutEngine, plan_meta_episodes
@@ -49,9 +50,9 @@ def build_tiny_shaped(directory: Path) -> Path:
         plan_meta_episodes(entries, num_groups=tiny.corpus_meta_episodes // 2, group_size=2, seed=0), sampling,
         progress=False)
     tokenizer = train_tokenizer(table["prompt"].to_list() + table["response"].to_list(), vocab_size=tiny.vocab_size)
-    model = random_model(tokenizer, hidden_size=tiny.hidden_size, num_layers=tiny.num_layers,
-                         num_heads=tiny.num_heads, num_kv_heads=tiny.num_kv_heads,
-                         intermediate_size=tiny.intermediate_size,
+    model = random_model(tokenizer, **({"hidden_size": tiny.hidden_size, "num_layers": tiny.num_layers,
+                                        "num_heads": tiny.num_heads, "num_kv_heads": tiny.num_kv_heads,
+                                        "intermediate_size": tiny.intermediate_size} | shape),
                          max_position_embeddings=tiny.max_position_embeddings)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -322,6 +322,9 @@ class TrainConfig:
     seed: NonNegativeInt  # torch's seed in the trainer (a fresh LoRA adapter's weights)
     checkpoint_every: PositiveInt  # iterations; 1 loses no finished iteration on a crash
     keep_checkpoints: PositiveInt | None  # newest kept (None: all)
+    # Write a checkpoint in a background thread while the next rollout plays, where nothing reads
+    # it before the next update (mage.run.loop.writes_behind); the update waits for it
+    write_behind: bool
     eval_every: NonNegativeInt  # iterations between evaluations during training (0: none)
     # Drift warnings: the invalid-reply rate rising this far over the run's first iteration
     # (a warm start may begin with many invalid replies: the Tic-Tac-Toe one does), or a KL

@@ -70,10 +70,12 @@ def update_policy(state: TrainingState, table: pl.DataFrame, iteration: int) -> 
 
 
 @task(name="save-checkpoint", task_run_name="checkpoint-{iteration}", **STEP_DEFAULTS)
-def save_checkpoint(state: TrainingState, metrics: dict[str, Any], iteration: int) -> ckpt.Checkpoint:
-    """Checkpoint the trainer's weights, optimizer and RNG state after ``iteration``."""
+def save_checkpoint(state: TrainingState, metrics: dict[str, Any], iteration: int,
+                    behind: bool = False) -> ckpt.Checkpoint:
+    """Checkpoint the trainer's weights, optimizer and RNG state after ``iteration`` (``behind``:
+    its files written while the next rollout plays, :func:`mage.run.loop.writes_behind`)."""
     with memory.LOCK:
-        return steps.save(state, metrics)
+        return steps.save(state, metrics, behind)
 
 
 @task(name="push-weights", task_run_name="push-weights-{iteration}", **STEP_DEFAULTS)
@@ -133,10 +135,10 @@ class FlowSteps(Steps):
             return self._configured(update_policy_on_workers)(state, iteration)
         return self._configured(update_policy)(state, table, iteration)
 
-    def save(self, state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
+    def save(self, state: TrainingState, metrics: dict[str, Any], behind: bool = False) -> ckpt.Checkpoint:
         from tasks.ray_workers import pushes_weights
 
-        saved = self._configured(save_checkpoint)(state, metrics, state.iteration)
+        saved = self._configured(save_checkpoint)(state, metrics, state.iteration, behind)
         # the rollout workers take the new weights from memory; the checkpoint is for resume (the last one: nothing plays)
         if pushes_weights(self.settings) and state.iteration < self.settings.train.iterations:
             self._configured(push_weights_to_workers)(state, saved, state.iteration)

@@ -1,5 +1,6 @@
 """The training run, written once: resume, then per iteration rollout -> score -> update ->
-record -> checkpoint (when due) -> evaluate (when due), then ``final.json``.
+record -> checkpoint (when due; written behind the next rollout where nothing reads it first,
+:func:`writes_behind`) -> evaluate (when due), then ``final.json``.
 
 :func:`train` is the only loop body. How each step runs is a :class:`Steps` object's
 business: this module's runs them in this process (a notebook, ``benchmarks/``); the
@@ -79,8 +80,8 @@ class Steps:
     def update(self, state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
         return steps.update(state, table, iteration)
 
-    def save(self, state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
-        return steps.save(state, metrics)
+    def save(self, state: TrainingState, metrics: dict[str, Any], behind: bool = False) -> ckpt.Checkpoint:
+        return steps.save(state, metrics, behind)
 
     def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
         """The newest checkpoint against ``eval.split``'s opponents: each split's final-episode rows."""
@@ -127,6 +128,24 @@ def checkpoint_due(settings: Settings, iteration: int) -> bool:
         evaluation_due(settings, iteration) or (league.enabled and iteration % league.snapshot_every == 0)
 
 
+def writes_behind(settings: Settings, iteration: int) -> bool:
+    """Whether checkpoint ``iteration`` may be written while the next rollout plays
+    (``train.write_behind``): where nothing reads it before the next update. Not the last
+    iteration's (``final.json`` names it), nor one evaluated or joining the league (they load
+    it), nor where the rollouts or the update run elsewhere (other processes read each
+    checkpoint: Ray rollout workers, Ray Train's workers), nor where the engine loads it (vLLM
+    with a LoRA adapter or ``weight_sync=disk``; with ``memory`` it takes the weights from the
+    trainer and the checkpoint's name only)."""
+    train, engine, league = settings.train, settings.engine, settings.population.league
+    if not train.write_behind or train.workers > 1 or settings.flow.remote_rollouts:
+        return False
+    if iteration >= train.iterations or evaluation_due(settings, iteration) \
+            or (league.enabled and iteration % league.snapshot_every == 0):
+        return False
+    engine_loads = settings.model.lora is not None or engine.vllm.weight_sync == "disk"  # a vLLM engine reads it
+    return not (engine.backend == "vllm" and engine_loads)
+
+
 def evaluation_due(settings: Settings, iteration: int) -> bool:
     every = settings.train.eval_every
     return bool(every) and iteration % every == 0
@@ -169,7 +188,7 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                 recorded = record.append_record(layout.metrics, metrics)
                 record.append_record(layout.performance, performance)
                 if checkpoint_due(settings, iteration):
-                    result.checkpoint = run_steps.save(state, metrics)
+                    result.checkpoint = run_steps.save(state, metrics, writes_behind(settings, iteration))
                 warning = record.drift_warning(settings.train, metrics, recorded[0])
                 result.iterations.append(iteration)
                 result.history = record.history(layout)
@@ -184,6 +203,7 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                         run_steps.reported_evaluation(iteration, split, final)
                 if on_iteration is not None:
                     on_iteration(result)
+            state.wait_for_checkpoint()  # a call stopped early (stop_after) ends with its checkpoint on disk
             if result.finished:
                 layout.write_final(result.checkpoint, settings.train.iterations)
         finally:

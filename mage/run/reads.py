@@ -57,10 +57,12 @@ READS: dict[str, tuple[str, ...]] = {
     "report": ("run.name", "eval.episodes", "eval.early_stop", "eval.sampling", "engine.sampling.temperature",
                "game.name", "model"),
     # the loop itself (mage.run.loop), besides the steps it runs (LOOP_STEPS): how many iterations,
-    # when to checkpoint and evaluate, when to warn, how many shards, where it writes
+    # when to checkpoint and evaluate, when to warn, how many shards, where it writes, and which
+    # checkpoints it writes behind the next rollout (what would read them first)
     "loop": ("train.iterations", "train.checkpoint_every", "train.eval_every", "train.drift_invalid_rise",
              "train.drift_kl", "eval.split", "flow.rollout_shards", "run.name", "paths.runs", "paths.live",
-             "population.league"),
+             "population.league", "train.write_behind", "train.workers", "flow.runner", "engine.backend",
+             "engine.vllm.weight_sync", "model.lora"),
 }
 #: The steps the loop runs.
 LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "league", "evaluate")
@@ -76,7 +78,7 @@ SCHEDULE = ("train.iterations", "train.checkpoint_every", "train.eval_every", "t
 #: can differ in the last bits: such a run is the same run, not a bitwise repeat.)
 PERFORMANCE = ("engine.hf", "engine.vllm", "engine.concurrency", "train.batching", "train.micro_batch_tokens",
                "train.micro_batch_rows", "train.share_prefix", "train.logits_chunk_tokens", "train.gradient_checkpointing",
-               "train.deterministic", "model.device",
+               "train.deterministic", "model.device", "train.write_behind",
                # how many workers share the update and how they hold the model: the same mini-batches
                "train.workers", "train.worker_gpus", "train.worker_cpus", "train.sharding")
 

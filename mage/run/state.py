@@ -11,15 +11,20 @@ checkpoint; either way its log-probs of a small probe must then equal the traine
 (:mod:`mage.backends.vllm_sync`), or the run stops with a ``StaleWeightsError``. A rollout
 worker in another process takes full weights sent to it the same way, checked the same way
 (:meth:`RolloutWorker.take_weights`; on Ray, ``tasks.ray_workers.push_weights``).
+
+A checkpoint that nothing reads before the next update is written behind
+(:meth:`TrainingState.write_behind`): on a thread of its own while the next rollout plays from
+the weights in memory. The update, the next checkpoint and the end of the run wait for it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -62,6 +67,8 @@ class TrainingState:
     #: which the workers' first update continues instead (removed once that update is done)
     workers_resume: Path | None = None
     _probe: vllm_sync.Probe | None = field(default=None, repr=False)  # what a vLLM engine is checked on
+    _writing: concurrent.futures.Future | None = field(default=None, repr=False)  # a checkpoint written behind
+    _writer: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def backend(self) -> Backend:
         """The rollout backend of the current weights (hf shares the policy's model in memory;
@@ -126,7 +133,34 @@ class TrainingState:
         tolerance = vllm_sync.engine_tolerance(backend)
         return vllm_sync.verify(backend, self._probe, probe_logprobs(self.policy, self._probe), tolerance, what)
 
+    def write_behind(self, write: Callable[[], Any]) -> None:
+        """Run ``write`` (a checkpoint's files) on the writer thread, after the write before it.
+        The weights and the optimizer state must not change until :meth:`wait_for_checkpoint`."""
+        self.wait_for_checkpoint()
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        self._writing = self._writer.submit(write)
+
+    def wait_for_checkpoint(self) -> None:
+        """The checkpoint written behind, if any, is on disk when this returns; its error (a
+        refused write) is raised here, and the run resumes from the checkpoint before it."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            started = time.perf_counter()
+            writing.result()
+            if (waited := time.perf_counter() - started) >= 1:  # the rollout was shorter than the write
+                logger.info(f"waited {waited:.1f} s for checkpoint {self.checkpoint.path if self.checkpoint else ''}")
+
     def close(self) -> None:
+        """Wait for a checkpoint written behind (a failed write is logged: the run is ending,
+        and resumes from the checkpoint before it), then release the engine."""
+        try:
+            self.wait_for_checkpoint()
+        except Exception as error:  # noqa: BLE001 - the run is ending; this is its last word on the write
+            logger.error(f"a checkpoint written behind failed: {error}")
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
         if self._backend is not None:
             self._backend.release()
         self._backend = None

@@ -131,6 +131,7 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
     them so, checked (``weight_sync_gap_max``; :meth:`TrainingState.synced`). On Kuhn Poker the
     metrics hold the updated policy's exploitability (:func:`exploitability`)."""
     settings = state.settings
+    state.wait_for_checkpoint()  # a checkpoint written behind reads the weights this changes
     with state.engine_asleep():
         metrics = state.trainer.update(table, seed=derive_seed(settings.seed, iteration, 1),
                                        learning_rate=settings.train.learning_rate_at(iteration))
@@ -154,27 +155,42 @@ def exploitability(state: TrainingState) -> dict[str, float]:
     return {"exploitability": found["exploitability"], "value_vs_best_response": found["value_vs_best_response"]["mean"]}
 
 
-def save(state: TrainingState, metrics: dict[str, Any]) -> ckpt.Checkpoint:
+def save(state: TrainingState, metrics: dict[str, Any], behind: bool = False) -> ckpt.Checkpoint:
     """Checkpoint the current weights, optimizer and RNG state (the rollouts go on with it),
     then keep the newest ``train.keep_checkpoints`` of those up to it (a longer run's later
     ones, left by a run shortened since, are not counted or touched), and the one
-    ``final.json`` names, and any an evaluation holds."""
+    ``final.json`` names, and any an evaluation holds. ``behind``: the files are written on
+    the state's writer thread (:meth:`TrainingState.write_behind`), for a checkpoint that
+    nothing reads before the next update (:func:`mage.run.loop.writes_behind`)."""
     settings = state.settings
     layout = RunLayout.of(settings)
-    saved = ckpt.save_checkpoint(
+    state.wait_for_checkpoint()  # one write at a time, in order
+    saved, write = ckpt.checkpoint_writer(
         layout.checkpoints, state.iteration, state.policy, state.trainer.optimizer,
         config_hash=identity_hash(settings),
         parent=str(state.checkpoint.path) if state.checkpoint else None, metrics=metrics,
         sharded_state=state.sharded_state,
     )
-    if state.sharded_state is not None:  # moved into the checkpoint: its staging folder is empty now
-        shutil.rmtree(state.sharded_state.parent, ignore_errors=True)
-        state.sharded_state = None
+    sharded_state = state.sharded_state
+    if behind and sharded_state is not None:
+        raise ValueError("a checkpoint of the workers' sharded state is not written behind: they may write the next")
     final = layout.final_checkpoint() if layout.final.is_file() else None  # a longer run's earlier end
     snapshots = [layout.root / m.checkpoint for m in league_state(settings, state.iteration + 1).members] \
         if settings.population.league.enabled else []  # the league plays them
-    ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=state.iteration,
-                           protect=([final] if final is not None else []) + snapshots)
+    iteration = state.iteration
+
+    def write_and_prune() -> None:
+        write()
+        if sharded_state is not None:  # moved into the checkpoint: its staging folder is empty now
+            shutil.rmtree(sharded_state.parent, ignore_errors=True)
+            state.sharded_state = None  # only now: a failed write keeps it, and a retry takes it
+        ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=iteration,
+                               protect=([final] if final is not None else []) + snapshots)
+
+    if behind:
+        state.write_behind(write_and_prune)
+    else:
+        write_and_prune()
     state.checkpointed(saved)
     return saved
 

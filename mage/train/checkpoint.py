@@ -37,7 +37,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,39 +124,68 @@ def save_checkpoint(
     checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`).
     ``sharded_state``: the workers' state of this update (``train.workers`` > 1), linked in
     instead of ``optimizer``'s (the caller removes it once saved)."""
-    final = Path(root) / f"{PREFIX}{iteration:05d}"
-    manifest: dict[str, Any] = {}
+    saved, write = checkpoint_writer(root, iteration, policy, optimizer, config_hash=config_hash, parent=parent,
+                                     metrics=metrics, sharded_state=sharded_state)
+    write()
+    return saved
 
-    def write(tmp: Path) -> None:
+
+def checkpoint_writer(
+    root: str | Path,
+    iteration: int,
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    *,
+    config_hash: str,
+    parent: str | None,
+    metrics: dict[str, Any],
+    sharded_state: Path | None = None,
+) -> tuple[Checkpoint, Callable[[], Checkpoint]]:
+    """:func:`save_checkpoint` in two parts: the checkpoint, and the function that writes it.
+    What changes while nothing trains (the RNG states, which a rollout draws from) is taken
+    now; the weights and the optimizer state when the function runs, which may be on another
+    thread, before the next update changes them. The checkpoint's manifest gains its files when
+    they are written; until then only its metadata (``iteration``, ``kind``) is to be read."""
+    final = Path(root) / f"{PREFIX}{iteration:05d}"
+    groups = optimizer.state_dict()["param_groups"]
+    rng = _rng_tensors()
+    manifest: dict[str, Any] = {
+        "iteration": iteration,
+        "kind": "lora" if policy.is_lora else "full",
+        "base_model": policy.source,
+        "config_hash": config_hash,
+        "parent": parent,
+        "metrics": metrics,
+        "optimizer": {"type": type(optimizer).__name__, "param_groups": groups},
+        "python_rng": _json_rng(random.getstate()),
+        "mage_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "sharded_state": sharded_state is not None,
+    }
+    saved = Checkpoint(final, manifest)
+
+    def write_into(tmp: Path) -> None:
         policy.model.save_pretrained(tmp, safe_serialization=True)
         if not policy.is_lora:
             policy.tokenizer.save_pretrained(tmp)
-        tensors, groups = _optimizer_tensors(optimizer)
+        tensors, _ = _optimizer_tensors(optimizer)
         if sharded_state is not None:
             # linked, not moved: a failed write (the whole temporary folder is removed) can be retried
             shutil.copytree(sharded_state, tmp / SHARDED_STATE, copy_function=os.link)
             tensors = {}
-        save_file(tensors | _rng_tensors(), tmp / STATE_FILE)
+        save_file(tensors | rng, tmp / STATE_FILE)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest.update({
-            "iteration": iteration,
-            "kind": "lora" if policy.is_lora else "full",
-            "base_model": policy.source,
-            "config_hash": config_hash,
-            "parent": parent,
-            "metrics": metrics,
-            "optimizer": {"type": type(optimizer).__name__, "param_groups": groups},
-            "python_rng": _json_rng(random.getstate()),
-            "mage_version": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "sharded_state": sharded_state is not None,
             "files": {p.relative_to(tmp).as_posix(): io.file_sha256(p) for p in files},
             "sizes": {p.relative_to(tmp).as_posix(): p.stat().st_size for p in files},
         })
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
-    io.replace_directory(final, write)
-    return Checkpoint(final, manifest)
+    def write() -> Checkpoint:
+        io.replace_directory(final, write_into)
+        return saved
+
+    return saved, write
 
 
 def _json_rng(state: tuple) -> list:
