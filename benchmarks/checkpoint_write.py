@@ -97,7 +97,7 @@ def main() -> None:
     for way, rows in timings.items():
         summary[way] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         s = summary[way]
-        print(f"| {way} | {s['blocked']:.3f} | {s['save']:.3f} | {s['wait']:.3f} | {s['rollout']:.3f} |")
+        print(f"| {way} | {s['blocked']:.3f} | {s['save']:.3f} | {s['wait']:.3f} | {s['rollout']:.3f} | {s['iteration']:.3f} |")
     print(json.dumps({"weights": weights, "checkpoint_mib": round(size), "median": summary}))
 
 
