@@ -1,6 +1,7 @@
 """Checkpoints written behind the next rollout (``train.write_behind``, mage.run.loop.writes_behind):
-where it applies, that the write overlaps the rollout, that a run writes the same files either
-way, and that a failed write stops the run at the next update and resumes to an uninterrupted
+where it applies, that the write overlaps the rollout and ends before the next update, that a
+run writes the same files either way, that a failed write is made again before the update,
+and that one failing twice stops the run at the next update and resumes to an uninterrupted
 run's weights."""
 
 from __future__ import annotations
@@ -40,16 +41,19 @@ def run(model_dir, root, *extra: str):
      [False] * 4),  # the engine loads the adapter
     (["engine.backend=vllm", "engine.vllm.weight_sync=disk"], [False] * 4),  # ... or the weights
     (["engine.backend=vllm"], [True, True, True, False]),  # pushed through memory, named by the checkpoint
+    (["+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj]}"], [True, True, True, False]),  # hf
 ])
 def test_a_checkpoint_is_written_behind_only_where_nothing_reads_it_before_the_next_update(overrides, behind):
     settings = load_settings(["train.iterations=4", *overrides])
     assert [loop.writes_behind(settings, i) for i in range(1, 5)] == behind
 
 
-def writes_by_thread(monkeypatch, slow_seconds: float = 0.0, fail_iteration: int | None = None) -> list[tuple]:
+def writes_by_thread(monkeypatch, slow_seconds: float = 0.0, failures: dict[int, int] | None = None) -> list[tuple]:
     """Record each checkpoint write's (iteration, thread, start, end); optionally slow the writer
-    thread's writes, or refuse one iteration's as a full disk."""
+    thread's writes from inside (the weights are written while the rollout plays), or refuse an
+    iteration's first ``failures[iteration]`` writes as a full disk."""
     writes: list[tuple] = []
+    failures = dict(failures or {})
     real = io.replace_directory
 
     def replace_directory(path, write):
@@ -57,18 +61,36 @@ def writes_by_thread(monkeypatch, slow_seconds: float = 0.0, fail_iteration: int
             return real(path, write)
         iteration, thread, started = int(path.name[len(ckpt.PREFIX):]), threading.current_thread().name, \
             time.perf_counter()
-        if thread.startswith(WRITER):
-            time.sleep(slow_seconds)
 
-        def full_disk(tmp):
-            raise OSError(errno.ENOSPC, "No space left on device")
+        def slowly(tmp):
+            if thread.startswith(WRITER):
+                time.sleep(slow_seconds)
+            if failures.get(iteration, 0) > 0:
+                failures[iteration] -= 1
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return write(tmp)
 
-        done = real(path, full_disk if iteration == fail_iteration else write)
+        done = real(path, slowly)
         writes.append((iteration, thread, started, time.perf_counter()))
         return done
 
     monkeypatch.setattr(io, "replace_directory", replace_directory)
     return writes
+
+
+def update_starts(monkeypatch) -> dict[int, float]:
+    """When each iteration's optimizer work began (after the update step's wait)."""
+    from mage.train.trainer import PolicyTrainer
+
+    starts: dict[int, float] = {}
+    real = PolicyTrainer.update
+
+    def update(self, table, *args, **kwargs):
+        starts[int(table["iteration"][0])] = time.perf_counter()
+        return real(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(PolicyTrainer, "update", update)
+    return starts
 
 
 @pytest.mark.e2e
@@ -84,13 +106,16 @@ def test_a_run_written_behind_leaves_what_a_run_written_in_turn_leaves_and_the_w
         return real_rollout(settings, backend, iteration, *args, **kwargs)
 
     monkeypatch.setattr(steps, "rollout", rollout)
-    writes = writes_by_thread(monkeypatch, slow_seconds=1.0)
+    writes = writes_by_thread(monkeypatch, slow_seconds=0.5)
+    updates = update_starts(monkeypatch)
     behind = run(tiny_model_dir, tmp_path / "behind")
     assert train(behind, progress=False).iterations == [1, 2, 3]
     assert [(i, t.startswith(WRITER)) for i, t, *_ in writes] == [(1, True), (2, True), (3, False)]
-    # the next rollout began before the checkpoint before it was written (each write takes 1 s more here)
+    # the next rollout began before the checkpoint before it was written (each write waits 0.5 s
+    # inside here, then writes the weights while the rollout plays), and the update after it
+    # only once it was
     for iteration, _, _, ended in writes[:2]:
-        assert rollouts[iteration + 1] < ended, (iteration, writes, rollouts)
+        assert rollouts[iteration + 1] < ended < updates[iteration + 1], (iteration, writes, rollouts, updates)
 
     writes.clear()
     in_turn = run(tiny_model_dir, tmp_path / "in_turn", "train.write_behind=false")
@@ -109,16 +134,24 @@ def test_a_run_written_behind_leaves_what_a_run_written_in_turn_leaves_and_the_w
 
 
 @pytest.mark.e2e
-def test_a_failed_write_behind_stops_the_run_at_the_next_update_and_the_run_resumes_to_the_same_weights(
+def test_a_failed_write_behind_is_made_again_and_a_second_failure_stops_the_run_at_the_next_update(
         tiny_model_dir, tmp_path, monkeypatch):
     whole = run(tiny_model_dir, tmp_path / "whole")
     train(whole, progress=False)
 
-    parts = run(tiny_model_dir, tmp_path / "parts")
-    writes_by_thread(monkeypatch, fail_iteration=2)
+    once = run(tiny_model_dir, tmp_path / "once")  # checkpoint 2 refused once: written again before update 3
+    writes_by_thread(monkeypatch, failures={2: 1})
+    assert train(once, progress=False).iterations == [1, 2, 3]
+    for name in ("metrics.jsonl", "final.json"):
+        assert (RunLayout.of(once).root / name).read_bytes() == (RunLayout.of(whole).root / name).read_bytes(), name
+    monkeypatch.undo()
+
+    parts = run(tiny_model_dir, tmp_path / "parts")  # refused twice: the run stops at update 3
+    writes_by_thread(monkeypatch, failures={2: 2})
     with pytest.raises(io.StorageError, match="ckpt-00002"):
         train(parts, progress=False)
     layout = RunLayout.of(parts)
+    assert [json.loads(line)["iteration"] for line in layout.metrics.read_text().splitlines()] == [1, 2]
     assert [c.iteration for c in ckpt.list_checkpoints(layout.checkpoints)] == [1]  # nothing half-written
     assert not [p for p in layout.checkpoints.iterdir() if io.STALE_TEMPORARY.fullmatch(p.name)]
     assert not layout.final.exists()
@@ -130,3 +163,27 @@ def test_a_failed_write_behind_stops_the_run_at_the_next_update_and_the_run_resu
     name = f"{ckpt.PREFIX}00003"
     assert (layout.checkpoints / name / "model.safetensors").read_bytes() == \
         (RunLayout.of(whole).checkpoints / name / "model.safetensors").read_bytes()
+
+
+def test_a_checkpoint_keeps_the_generation_config_and_tokenizer_of_when_it_was_asked_for(tiny_model_dir, tmp_path):
+    """The hf backend swaps the model's generation config for a blank one during ``generate``
+    (mage.backends.hf._without_model_defaults): a checkpoint written behind, while a rollout
+    generates, must still hold the model's own, as a checkpoint written in turn does."""
+    import torch
+    from transformers import GenerationConfig
+
+    from mage.models.policy import load_policy
+
+    policy = load_policy(str(tiny_model_dir), device="cpu")
+    optimizer = torch.optim.AdamW(policy.model.parameters())
+    policy.model.generation_config.eos_token_id = [3, 5]  # not transformers' default
+    in_turn = ckpt.save_checkpoint(tmp_path / "in_turn", 1, policy, optimizer, config_hash="x", parent=None,
+                                   metrics={})
+    asked, write = ckpt.checkpoint_writer(tmp_path / "behind", 1, policy, optimizer, config_hash="x", parent=None,
+                                          metrics={})
+    assert "files" not in asked.manifest and asked.iteration == 1
+    own, policy.model.generation_config = policy.model.generation_config, GenerationConfig()  # generate is running
+    written = write()
+    policy.model.generation_config = own
+    assert json.loads((written.path / "generation_config.json").read_text())["eos_token_id"] == [3, 5]
+    assert written.manifest["files"] == in_turn.manifest["files"]

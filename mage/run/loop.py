@@ -158,7 +158,8 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
     ``run_steps``: how the steps run (default: here, with progress bars if ``progress``; its
     settings must be these); ``stop_after`` ends this call after that many iterations (the run
     is not shortened: a later call resumes it); ``on_iteration`` is called after each
-    iteration is recorded."""
+    iteration is recorded (its ``result.checkpoint`` may still be being written behind: its
+    files are on disk when :func:`train` returns)."""
     if run_steps is not None and run_steps.settings is not settings:
         raise ValueError("run_steps runs other settings than the run's: build it from the same Settings")
     run_steps = run_steps if run_steps is not None else Steps(settings, progress)
@@ -204,6 +205,7 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                 if on_iteration is not None:
                     on_iteration(result)
             state.wait_for_checkpoint()  # a call stopped early (stop_after) ends with its checkpoint on disk
+            result.checkpoint = state.checkpoint  # the same checkpoint, its files in the manifest
             if result.finished:
                 layout.write_final(result.checkpoint, settings.train.iterations)
         finally:

@@ -67,7 +67,8 @@ class TrainingState:
     #: which the workers' first update continues instead (removed once that update is done)
     workers_resume: Path | None = None
     _probe: vllm_sync.Probe | None = field(default=None, repr=False)  # what a vLLM engine is checked on
-    _writing: concurrent.futures.Future | None = field(default=None, repr=False)  # a checkpoint written behind
+    #: a checkpoint written behind: its future and its write
+    _writing: tuple[concurrent.futures.Future, Callable[[], ckpt.Checkpoint]] | None = field(default=None, repr=False)
     _writer: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def backend(self) -> Backend:
@@ -133,23 +134,36 @@ class TrainingState:
         tolerance = vllm_sync.engine_tolerance(backend)
         return vllm_sync.verify(backend, self._probe, probe_logprobs(self.policy, self._probe), tolerance, what)
 
-    def write_behind(self, write: Callable[[], Any]) -> None:
-        """Run ``write`` (a checkpoint's files) on the writer thread, after the write before it.
-        The weights and the optimizer state must not change until :meth:`wait_for_checkpoint`."""
+    def write_behind(self, write: Callable[[], ckpt.Checkpoint]) -> None:
+        """Run ``write`` (the files of checkpoint ``self.checkpoint``; it returns the checkpoint
+        with them) on the writer thread, after the write before it. The weights and the
+        optimizer state must not change until :meth:`wait_for_checkpoint`."""
         self.wait_for_checkpoint()
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
-        self._writing = self._writer.submit(write)
+        self._writing = (self._writer.submit(write), write)
 
     def wait_for_checkpoint(self) -> None:
-        """The checkpoint written behind, if any, is on disk when this returns; its error (a
-        refused write) is raised here, and the run resumes from the checkpoint before it."""
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            started = time.perf_counter()
-            writing.result()
-            if (waited := time.perf_counter() - started) >= 1:  # the rollout was shorter than the write
-                logger.info(f"waited {waited:.1f} s for checkpoint {self.checkpoint.path if self.checkpoint else ''}")
+        """The checkpoint written behind, if any, is on disk when this returns. A write that
+        failed is made once more here, in turn (the weights have not changed since): a refused
+        write is retried as the save step's task would retry it. Its second failure is raised,
+        and the run resumes from the checkpoint before it."""
+        if self._writing is None:
+            return
+        future, write = self._writing
+        started = time.perf_counter()
+        try:
+            written = future.result()
+        except Exception as error:  # noqa: BLE001 - written again, or raised from the write in turn
+            logger.warning(f"checkpoint {self.checkpoint.path if self.checkpoint else ''}, written behind, "
+                           f"failed ({error}); writing it again")
+            self._writing = None
+            written = write()
+        self._writing = None  # only now: stopped while waiting, close() waits again
+        if (waited := time.perf_counter() - started) >= 1:  # the rollout was shorter than the write
+            logger.info(f"waited {waited:.1f} s for checkpoint {written.path}")
+        if self.checkpoint is not None and self.checkpoint.path == written.path:
+            self.checkpoint = written  # with its files in the manifest
 
     def close(self) -> None:
         """Wait for a checkpoint written behind (a failed write is logged: the run is ending,
@@ -158,9 +172,14 @@ class TrainingState:
             self.wait_for_checkpoint()
         except Exception as error:  # noqa: BLE001 - the run is ending; this is its last word on the write
             logger.error(f"a checkpoint written behind failed: {error}")
-        if self._writer is not None:
-            self._writer.shutdown()
-            self._writer = None
+        finally:
+            self._writing = None
+            if self._writer is not None:
+                self._writer.shutdown()
+                self._writer = None
+            self._release()
+
+    def _release(self) -> None:
         if self._backend is not None:
             self._backend.release()
         self._backend = None

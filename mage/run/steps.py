@@ -179,20 +179,22 @@ def save(state: TrainingState, metrics: dict[str, Any], behind: bool = False) ->
         if settings.population.league.enabled else []  # the league plays them
     iteration = state.iteration
 
-    def write_and_prune() -> None:
-        write()
+    def write_and_prune() -> ckpt.Checkpoint:
+        written = write()
         if sharded_state is not None:  # moved into the checkpoint: its staging folder is empty now
             shutil.rmtree(sharded_state.parent, ignore_errors=True)
             state.sharded_state = None  # only now: a failed write keeps it, and a retry takes it
         ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=iteration,
                                protect=([final] if final is not None else []) + snapshots)
+        return written
 
-    if behind:
+    if behind:  # the checkpoint without its files until written (TrainingState.wait_for_checkpoint)
+        state.checkpointed(saved)
         state.write_behind(write_and_prune)
-    else:
-        write_and_prune()
-    state.checkpointed(saved)
-    return saved
+        return saved
+    written = write_and_prune()
+    state.checkpointed(written)
+    return written
 
 
 def evaluate(settings: Settings, checkpoint: ckpt.Checkpoint | None, split: str, out_dir: str | Path | None = None,

@@ -28,6 +28,7 @@ the run's final checkpoint, whatever ``train.keep_checkpoints`` says.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -35,6 +36,7 @@ import os
 import random
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -109,25 +111,14 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return tensors
 
 
-def save_checkpoint(
-    root: str | Path,
-    iteration: int,
-    policy: Any,
-    optimizer: torch.optim.Optimizer,
-    *,
-    config_hash: str,
-    parent: str | None,
-    metrics: dict[str, Any],
-    sharded_state: Path | None = None,
-) -> Checkpoint:
+def save_checkpoint(*args: Any, **kwargs: Any) -> Checkpoint:
     """Write checkpoint ``iteration`` under ``root`` atomically and return it (an older
-    checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`).
-    ``sharded_state``: the workers' state of this update (``train.workers`` > 1), linked in
-    instead of ``optimizer``'s (the caller removes it once saved)."""
-    saved, write = checkpoint_writer(root, iteration, policy, optimizer, config_hash=config_hash, parent=parent,
-                                     metrics=metrics, sharded_state=sharded_state)
-    write()
-    return saved
+    checkpoint of the same iteration is replaced whole: :func:`mage.io.replace_directory`);
+    the arguments are :func:`checkpoint_writer`'s. ``sharded_state``: the workers' state of
+    this update (``train.workers`` > 1), linked in instead of ``optimizer``'s (the caller
+    removes it once saved)."""
+    _, write = checkpoint_writer(*args, **kwargs)
+    return write()
 
 
 def checkpoint_writer(
@@ -141,11 +132,13 @@ def checkpoint_writer(
     metrics: dict[str, Any],
     sharded_state: Path | None = None,
 ) -> tuple[Checkpoint, Callable[[], Checkpoint]]:
-    """:func:`save_checkpoint` in two parts: the checkpoint, and the function that writes it.
-    What changes while nothing trains (the RNG states, which a rollout draws from) is taken
-    now; the weights and the optimizer state when the function runs, which may be on another
-    thread, before the next update changes them. The checkpoint's manifest gains its files when
-    they are written; until then only its metadata (``iteration``, ``kind``) is to be read."""
+    """:func:`save_checkpoint` in two parts: the checkpoint, and the function that writes it
+    and returns it with its files. What a rollout uses or changes is taken now: the RNG states
+    (it draws from them), the tokenizer (it encodes with it) and the generation config (the
+    ``hf`` backend swaps it during ``generate``). The weights and the optimizer state are
+    written when the function runs, which may be on another thread while a rollout plays,
+    before the next update changes them. The checkpoint returned now has the manifest's
+    metadata (``iteration``, ``kind``) and no files."""
     final = Path(root) / f"{PREFIX}{iteration:05d}"
     groups = optimizer.state_dict()["param_groups"]
     rng = _rng_tensors()
@@ -162,12 +155,20 @@ def checkpoint_writer(
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "sharded_state": sharded_state is not None,
     }
-    saved = Checkpoint(final, manifest)
+    generation = None if policy.is_lora or not policy.model.can_generate() else \
+        copy.deepcopy(policy.model.generation_config)
+    tokenizer_files: dict[str, bytes] = {}  # the tokenizer's files, written now and held (a few MB)
+    if not policy.is_lora:
+        with tempfile.TemporaryDirectory() as staged:
+            policy.tokenizer.save_pretrained(staged)
+            tokenizer_files = {f.name: f.read_bytes() for f in Path(staged).iterdir() if f.is_file()}
 
-    def write_into(tmp: Path) -> None:
+    def write_into(tmp: Path) -> dict[str, Any]:
         policy.model.save_pretrained(tmp, safe_serialization=True)
-        if not policy.is_lora:
-            policy.tokenizer.save_pretrained(tmp)
+        if generation is not None:  # as it was when the checkpoint was asked for
+            generation.save_pretrained(tmp)
+        for name, data in tokenizer_files.items():
+            (tmp / name).write_bytes(data)
         tensors, _ = _optimizer_tensors(optimizer)
         if sharded_state is not None:
             # linked, not moved: a failed write (the whole temporary folder is removed) can be retried
@@ -175,17 +176,19 @@ def checkpoint_writer(
             tensors = {}
         save_file(tensors | rng, tmp / STATE_FILE)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest.update({
+        written = manifest | {
             "files": {p.relative_to(tmp).as_posix(): io.file_sha256(p) for p in files},
             "sizes": {p.relative_to(tmp).as_posix(): p.stat().st_size for p in files},
-        })
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        }
+        (tmp / MANIFEST).write_text(json.dumps(written, indent=2, sort_keys=True) + "\n")
+        return written
 
     def write() -> Checkpoint:
-        io.replace_directory(final, write_into)
-        return saved
+        written: dict[str, Any] = {}
+        io.replace_directory(final, lambda tmp: written.update(write_into(tmp)))
+        return Checkpoint(final, written)
 
-    return saved, write
+    return Checkpoint(final, manifest), write
 
 
 def _json_rng(state: tuple) -> list:
