@@ -323,17 +323,17 @@ def test_interrupt_and_resume_gives_the_same_weights(tiny_model_dir, tmp_path, m
     train(uninterrupted, progress=False)
 
     interrupted = tiny_run(tiny_model_dir, tmp_path / "b", *extra)
-    real_save = ckpt.save_checkpoint
+    real_writer = ckpt.checkpoint_writer
 
     def crash_on_second(root, iteration, *args, **kwargs):
         if iteration == 2:  # after iteration 2's update, before its checkpoint
             raise KeyboardInterrupt("simulated crash")
-        return real_save(root, iteration, *args, **kwargs)
+        return real_writer(root, iteration, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", crash_on_second)
+    monkeypatch.setattr(ckpt, "checkpoint_writer", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
         train(interrupted, progress=False)
-    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
+    monkeypatch.setattr(ckpt, "checkpoint_writer", real_writer)
     paths = RunLayout.of(interrupted)
     assert [c.iteration for c in ckpt.list_checkpoints(paths.checkpoints)] == [1]
     assert not [p for p in paths.checkpoints.iterdir() if p.name.startswith(".")]  # no half-written directory
