@@ -93,14 +93,14 @@ def content_hash(path: str | Path) -> str:
     return hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest()
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict[str, Any]]]:
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     state = optimizer.state_dict()
     tensors = {}
     for index, values in state["state"].items():
         for name, value in values.items():
             tensor = value if torch.is_tensor(value) else torch.tensor(value)
             tensors[f"optimizer.{index}.{name}"] = tensor.detach().cpu().contiguous()
-    return tensors, state["param_groups"]
+    return tensors
 
 
 def _rng_tensors() -> dict[str, torch.Tensor]:
@@ -169,11 +169,10 @@ def checkpoint_writer(
             generation.save_pretrained(tmp)
         for name, data in tokenizer_files.items():
             (tmp / name).write_bytes(data)
-        tensors, _ = _optimizer_tensors(optimizer)
-        if sharded_state is not None:
+        if sharded_state is not None:  # the workers' optimizer state, not this process's
             # linked, not moved: a failed write (the whole temporary folder is removed) can be retried
             shutil.copytree(sharded_state, tmp / SHARDED_STATE, copy_function=os.link)
-            tensors = {}
+        tensors = {} if sharded_state is not None else _optimizer_tensors(optimizer)
         save_file(tensors | rng, tmp / STATE_FILE)
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         written = manifest | {
