@@ -4,8 +4,9 @@ A Prefect task on the Ray runner is a stateless Ray task. Building a generation 
 it would load the model every iteration, so with ``flow.ray.long_lived_workers`` each
 shard's :class:`~mage.run.state.RolloutWorker` lives in a Ray actor that the
 train flow creates once per run (``flows/ray_cluster.py``) and kills when it ends. The
-shard task finds its actor by name and asks it to play: the actor loads the iteration's
-checkpoint by path from the shared storage and writes the shard's table there.
+shard task finds its actor by name and asks it to play: the actor samples from the weights the
+trainer pushed it after the update (:func:`push_weights`, full fine-tuning), or loads the
+iteration's checkpoint by path from the shared storage, and writes the shard's table there.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mage.run import RunLayout, steps
 from mage.run.state import RolloutWorker, TrainingState, probe_logprobs
 from mage.sections import FlowConfig
 from mage.settings import Settings
+from mage.train import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +67,16 @@ class RolloutActor:
     def __init__(self, settings: Settings) -> None:
         self.worker = RolloutWorker(settings)
 
-    def play(self, checkpoint: str | None, iteration: int, shard: int) -> tuple[Path, RolloutStats]:
-        return steps.play_shard(self.worker, iteration, checkpoint, shard)
+    def play(self, checkpoint: str | None, iteration: int, shard: int,
+             weights: str | None = None) -> tuple[Path, RolloutStats]:
+        return steps.play_shard(self.worker, iteration, checkpoint, shard, weights)
 
-    def take_weights(self, checkpoint: str, chunks: list[Any], probe: vllm_sync.Probe,
+    def take_weights(self, checkpoint: str, weights: str, chunks: list[Any], probe: vllm_sync.Probe,
                      expected: list[list[float]]) -> dict[str, Any]:
         """:meth:`RolloutWorker.take_weights`, its chunks fetched from Ray's object store one by one."""
         import ray
 
-        return self.worker.take_weights(checkpoint, (ray.get(ref) for ref in chunks), probe, expected)
+        return self.worker.take_weights(checkpoint, weights, (ray.get(ref) for ref in chunks), probe, expected)
 
     def pid(self) -> int:
         return os.getpid()
@@ -118,7 +121,8 @@ def wait_until_started(actor: Any, timeout: float = RESTART_WAIT_SECONDS) -> Non
             time.sleep(0.5)
 
 
-def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shard: int) -> tuple[Path, RolloutStats]:
+def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shard: int,
+                weights: str | None = None) -> tuple[Path, RolloutStats]:
     """Play a shard from a Prefect task on the Ray runner: through the run's actor for this
     shard, or (``long_lived_workers: false``) with a worker built for this task alone."""
     import ray
@@ -126,47 +130,41 @@ def play_on_ray(settings: Settings, checkpoint: str | None, iteration: int, shar
     if settings.flow.ray.long_lived_workers:
         actor = ray.get_actor(actor_name(settings.run_name, shard), namespace=NAMESPACE)
         wait_until_started(actor)
-        played = actor.play.remote(checkpoint, iteration, shard)
+        played = actor.play.remote(checkpoint, iteration, shard, weights)
         while not ray.wait([played], timeout=1.0)[0]:
             stopping.check()  # this thread waits for the actor: the flow's stop reaches it only so
         return ray.get(played)
     worker = RolloutWorker(settings)
     try:
-        return steps.play_shard(worker, iteration, checkpoint, shard)
+        return steps.play_shard(worker, iteration, checkpoint, shard, weights)
     finally:
         worker.close()
 
 
-def pushes_weights(settings: Settings) -> bool:
-    """Each update's full weights reach the run's rollout worker actors through memory (not a
-    checkpoint read back): long-lived workers on Ray, full fine-tuning, and ``hf`` or ``vllm``
-    with ``engine.vllm.weight_sync=memory``. A LoRA adapter goes by its checkpoint's path."""
-    return (settings.flow.runner == "ray" and settings.flow.ray.long_lived_workers and settings.model.lora is None
-            and (settings.engine.backend == "hf" or settings.engine.vllm.weight_sync == "memory"))
-
-
-def push_weights(state: TrainingState, checkpoint: str) -> list[dict[str, Any]]:
-    """The trainer's weights (those of ``checkpoint``) to every rollout worker actor of the run,
-    through Ray's object store, each checked on the iteration's probe against the trainer's
-    log-probs: a worker that serves other weights stops the run (``StaleWeightsError``). A worker
-    that is restarting, or dead, is skipped: it reads the checkpoint when next asked to play.
-    Returns each worker's result (its largest gap and seconds; {} if it took nothing)."""
+def push_weights(state: TrainingState, checkpoint: ckpt.Checkpoint) -> list[dict[str, Any]]:
+    """The trainer's weights (those of ``checkpoint``, named by its
+    :func:`~mage.train.checkpoint.weights_id`: its files may still be being written behind) to
+    every rollout worker actor of the run, through Ray's object store, each checked on the
+    iteration's probe against the trainer's log-probs: a worker that serves other weights stops
+    the run (``StaleWeightsError``). A worker that is restarting, or dead, is skipped: it reads
+    the checkpoint when next asked to play (waiting for its files if need be). Returns each worker's result (its largest gap and seconds; {} if it took nothing)."""
     import ray
 
     settings = state.settings
     probe = state.probe(RunLayout.of(settings).rollout(state.iteration))  # read once: the probe is fixed
     expected = probe_logprobs(state.policy, probe)
     chunks = [ray.put(chunk) for chunk in vllm_sync.encoded(state.policy.model.state_dict().items())]
+    path, weights = str(checkpoint.path), ckpt.weights_id(checkpoint)
     calls = []
     for shard in range(settings.flow.rollout_shards):
         actor = ray.get_actor(actor_name(settings.run_name, shard), namespace=NAMESPACE)
-        calls.append(actor.take_weights.remote(checkpoint, chunks, probe, expected))
+        calls.append(actor.take_weights.remote(path, weights, chunks, probe, expected))
     results = []
     for shard, call in enumerate(calls):
         try:
             results.append(ray.get(call))
         except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as error:
-            logger.warning(f"rollout worker of shard {shard} took no weights (it reads {checkpoint} instead): {error}")
+            logger.warning(f"rollout worker of shard {shard} took no weights (it reads {path} instead): {error}")
             results.append({})
     return results
 

@@ -103,6 +103,7 @@ def update_on_workers(state: TrainingState, iteration: int) -> dict[str, float]:
     """The iteration's update on the workers, from ``state.checkpoint`` (None: the base model) and
     the scored table on disk; then the trained weights in the driver's policy and the sharded
     state waiting for the checkpoint (``state.sharded_state``)."""
+    state.wait_for_checkpoint()  # the workers start from it, and a write behind links the last update's state
     settings = state.settings
     layout = RunLayout.of(settings)
     out = layout.checkpoints / STAGING.format(iteration=iteration)

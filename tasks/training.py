@@ -20,7 +20,7 @@ from prefect.task_runners import TaskRunner
 
 from mage.rollout import RolloutStats, read_trajectories
 from mage.run import steps
-from mage.run.loop import Steps
+from mage.run.loop import Steps, pushes_weights
 from mage.run.state import TrainingState
 from mage.sections import splits_of
 from mage.settings import Settings
@@ -42,16 +42,18 @@ def rollout_here(state: TrainingState, iteration: int, shard: int) -> tuple[pl.D
 
 
 @task(name="rollout-shard", task_run_name="rollout-{iteration}-shard-{shard}", **STEP_DEFAULTS)
-def rollout_elsewhere(settings: Settings, checkpoint: str | None, iteration: int, shard: int) -> dict[str, Any]:
+def rollout_elsewhere(settings: Settings, checkpoint: str | None, iteration: int, shard: int,
+                      weights: str | None = None) -> dict[str, Any]:
     """Shard ``shard`` of iteration ``iteration``, sampled from ``checkpoint`` (None: the starting
-    policy) by this process's rollout worker, or on Ray by the run's worker actor."""
+    policy; ``weights``: its :func:`~mage.train.checkpoint.weights_id`) by this process's rollout
+    worker, or on Ray by the run's worker actor."""
     if settings.flow.runner == "ray":
         from tasks.ray_workers import play_on_ray
 
-        path, stats = play_on_ray(settings, checkpoint, iteration, shard)
+        path, stats = play_on_ray(settings, checkpoint, iteration, shard, weights)
     else:
         with memory.LOCK:
-            path, stats = steps.play_shard(memory.rollout_worker(settings), iteration, checkpoint, shard)
+            path, stats = steps.play_shard(memory.rollout_worker(settings), iteration, checkpoint, shard, weights)
     return {"table": str(path), "stats": stats.__dict__}
 
 
@@ -84,7 +86,7 @@ def push_weights_to_workers(state: TrainingState, checkpoint: ckpt.Checkpoint, i
     from tasks.ray_workers import push_weights
 
     with memory.LOCK:
-        pushed = push_weights(state, str(checkpoint.path))
+        pushed = push_weights(state, checkpoint)
     taken = [p for p in pushed if p]
     if taken:
         get_run_logger().info(f"weights of update {iteration} to {len(taken)} of {len(pushed)} rollout workers through "
@@ -117,11 +119,14 @@ class FlowSteps(Steps):
             played = [future.result() for future in futures]
             return [table for table, _ in played], [stats for _, stats in played]
         # other processes sample from the newest checkpoint, which with them is written every iteration
+        # (behind, where they were pushed its weights: mage.run.loop.writes_behind)
         checkpoint = str(state.checkpoint.path) if state.checkpoint is not None else None
+        weights = ckpt.weights_id(state.checkpoint) if state.checkpoint is not None else None
         task = self._configured(rollout_elsewhere)
         with shard_options(self.settings.flow):
             futures = [self.runner.submit(task, {"settings": self.settings, "checkpoint": checkpoint,
-                                                 "iteration": iteration, "shard": s}) for s in shards]
+                                                 "iteration": iteration, "shard": s, "weights": weights})
+                       for s in shards]
         played = [future.result() for future in futures]
         return [read_trajectories(Path(p["table"])) for p in played], [RolloutStats(**p["stats"]) for p in played]
 
@@ -136,8 +141,6 @@ class FlowSteps(Steps):
         return self._configured(update_policy)(state, table, iteration)
 
     def save(self, state: TrainingState, metrics: dict[str, Any], behind: bool = False) -> ckpt.Checkpoint:
-        from tasks.ray_workers import pushes_weights
-
         saved = self._configured(save_checkpoint)(state, metrics, state.iteration, behind)
         # the rollout workers take the new weights from memory; the checkpoint is for resume (the last one: nothing plays)
         if pushes_weights(self.settings) and state.iteration < self.settings.train.iterations:

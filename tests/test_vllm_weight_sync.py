@@ -191,6 +191,7 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     from mage.run import steps
     from mage.run.state import RolloutWorker, probe_logprobs, start_training
     from mage.settings import load_settings
+    from mage.train import checkpoint as ckpt
 
     settings = load_settings(overrides(taught_model_dir, tmp_path))
     state = start_training(settings)
@@ -201,8 +202,8 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     read_back = checkpoints_read_back(monkeypatch)
     worker = RolloutWorker(settings)
     worker.sample_from(None)  # this process's engine (holding another trainer's weights), nothing loaded
-    taken = worker.take_weights(str(saved.path), vllm_sync.encoded(state.policy.model.state_dict().items()), probe,
-                                expected)
+    taken = worker.take_weights(str(saved.path), ckpt.weights_id(saved),
+                                vllm_sync.encoded(state.policy.model.state_dict().items()), probe, expected)
     print(f"rollout worker: weights taken in {taken['seconds']:.3f} s, probe gap {taken['gap']:.2e}")
     assert taken["gap"] < TOLERANCE
     played = kuhn_table(worker.sample_from(saved.path), seed=6)

@@ -51,7 +51,7 @@ def test_weights_taken_through_memory_are_the_checkpoint_s_and_play_its_table(up
     # several chunks, as a large model's weights cross
     chunks = list(vllm_sync.encoded(state.policy.model.state_dict().items(), chunk_bytes=1 << 12))
     assert len(chunks) > 1
-    taken = worker.take_weights(str(saved.path), iter(chunks), probe, expected)
+    taken = worker.take_weights(str(saved.path), ckpt.weights_id(saved), iter(chunks), probe, expected)
     assert taken["gap"] <= 1e-6  # the same network in the same process: the same numbers
 
     # it holds the checkpoint's weights, bit for bit, and asking for the checkpoint reads nothing
@@ -81,7 +81,8 @@ def test_weights_that_do_not_match_the_trainer_s_stop_the_run_and_are_not_truste
     steps.update(state, updated["table"], 2)  # the trainer moves on; the old weights are sent
     pushes, loads = worker.pushes, worker.loads
     with pytest.raises(vllm_sync.StaleWeightsError, match="pushed through memory"):
-        worker.take_weights(str(saved.path), iter(before), probe, probe_logprobs(state.policy, probe))
+        worker.take_weights(str(saved.path), ckpt.weights_id(saved), iter(before), probe,
+                            probe_logprobs(state.policy, probe))
     assert worker.pushes == pushes
     worker.sample_from(saved.path)  # nothing is held: the checkpoint is read
     assert worker.loads == loads + 1
@@ -89,4 +90,50 @@ def test_weights_that_do_not_match_the_trainer_s_stop_the_run_and_are_not_truste
 
 def test_a_worker_without_an_engine_takes_nothing(tiny_model_dir, tmp_path):
     worker = RolloutWorker(load_settings(run_overrides(tiny_model_dir, tmp_path)))
-    assert worker.take_weights("unused", iter(()), vllm_sync.Probe(((1, 2),), (1,)), [[0.0]]) == {}
+    assert worker.take_weights("unused", "unused", iter(()), vllm_sync.Probe(((1, 2),), (1,)), [[0.0]]) == {}
+
+
+def test_weights_pushed_before_their_checkpoint_is_written_are_played_and_a_worker_that_missed_them_waits(
+        tiny_model_dir, tmp_path):
+    """``train.write_behind`` with Ray's rollout workers: the checkpoint's files are written while
+    the next rollout plays. A worker pushed its weights plays without them; one that missed the
+    push (restarted) waits for the files, then plays the same table from them."""
+    import threading
+
+    from mage.run.layout import RunLayout
+
+    settings = load_settings(run_overrides(tiny_model_dir, tmp_path))
+    state, worker, reader = start_training(settings), RolloutWorker(settings), RolloutWorker(settings)
+    try:
+        path, _ = steps.play_shard(worker, 1, None, 0)
+        reader.sample_from(None)
+        table = steps.score(settings, [read_trajectories(path)], 1)
+        steps.update(state, table, 1)
+        saved, write = ckpt.checkpoint_writer(RunLayout.of(settings).checkpoints, 1, state.policy,
+                                              state.trainer.optimizer, config_hash="test", parent=None, metrics={})
+        weights = ckpt.weights_id(saved)
+        probe = state.probe(table)
+        worker.take_weights(str(saved.path), weights, vllm_sync.encoded(state.policy.model.state_dict().items()),
+                            probe, probe_logprobs(state.policy, probe))
+        pushed, _ = steps.play_shard(worker, 2, saved.path, 0, weights)
+        assert not saved.path.exists() and (worker.loads, worker.pushes) == (0, 1)
+        pushed_table = read_trajectories(pushed)  # the shard's file is the reader's next
+
+        played: dict = {}
+        waiting = threading.Thread(target=lambda: played.update(
+            path=steps.play_shard(reader, 2, saved.path, 0, weights)[0]))
+        waiting.start()
+        waiting.join(timeout=1.0)
+        assert waiting.is_alive() and reader.loads == 0  # no files yet: it waits
+        written = write()
+        waiting.join(timeout=120)
+        assert not waiting.is_alive() and reader.loads == 1
+        assert ckpt.weights_id(written) == weights  # the id drawn when asked for is the written one's
+        assert read_trajectories(played["path"]).drop("run_id", strict=False).equals(
+            pushed_table.drop("run_id", strict=False))
+        with pytest.raises(TimeoutError, match="written behind"):  # other weights at that path are not these
+            ckpt.wait_until_written(saved.path, "another checkpoint's id", timeout=0.5)
+    finally:
+        reader.close()
+        worker.close()
+        state.close()

@@ -35,8 +35,16 @@ def run(model_dir, root, *extra: str):
     (["train.write_behind=false"], [False] * 4),
     (["train.eval_every=2"], [True, False, True, False]),  # an evaluated checkpoint is loaded at once
     (["+experiment=kuhn_poker_league", "population.league.snapshot_every=2"], [True, False, True, False]),
-    (["train.workers=2", "flow.runner=ray"], [False] * 4),  # Ray Train's workers write and read checkpoints
+    # Ray's long-lived rollout workers are pushed full weights, named by the checkpoint's id; Ray
+    # Train's workers start from the checkpoint after the update's wait
+    (["train.workers=2", "flow.runner=ray"], [True, True, True, False]),
+    (["flow.runner=ray", "engine.backend=vllm"], [True, True, True, False]),
     (["flow.runner=process"], [False] * 4),  # rollout processes sample from the checkpoint
+    (["flow.runner=ray", "flow.ray.long_lived_workers=false"], [False] * 4),  # ... and Ray tasks
+    (["train.workers=2", "flow.runner=ray", "flow.ray.long_lived_workers=false"], [False] * 4),
+    (["flow.runner=ray", "+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj]}"],
+     [False] * 4),  # an adapter goes by its path
+    (["flow.runner=ray", "engine.backend=vllm", "engine.vllm.weight_sync=disk"], [False] * 4),
     (["engine.backend=vllm", "+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj]}"],
      [False] * 4),  # the engine loads the adapter
     (["engine.backend=vllm", "engine.vllm.weight_sync=disk"], [False] * 4),  # ... or the weights

@@ -130,20 +130,31 @@ def checkpoint_due(settings: Settings, iteration: int) -> bool:
 
 def writes_behind(settings: Settings, iteration: int) -> bool:
     """Whether checkpoint ``iteration`` may be written while the next rollout plays
-    (``train.write_behind``): where nothing reads it before the next update. Not the last
+    (``train.write_behind``): where nothing reads it before the next update, which waits for it
+    (so do Ray Train's workers, ``train.workers`` > 1, which start from it). Not the last
     iteration's (``final.json`` names it), nor one evaluated or joining the league (they load
-    it), nor where the rollouts or the update run elsewhere (other processes read each
-    checkpoint: Ray rollout workers, Ray Train's workers), nor where the engine loads it (vLLM
-    with a LoRA adapter or ``weight_sync=disk``; with ``memory`` it takes the weights from the
-    trainer and the checkpoint's name only)."""
+    it), nor where the rollouts read it: workers in other processes that are not pushed its
+    weights (:func:`pushes_weights`), or a vLLM engine that loads it (a LoRA adapter, or
+    ``weight_sync=disk``; with ``memory`` it takes the weights from the trainer and the
+    checkpoint's name only)."""
     train, engine, league = settings.train, settings.engine, settings.population.league
-    if not train.write_behind or train.workers > 1 or settings.flow.remote_rollouts:
+    if not train.write_behind or (settings.flow.remote_rollouts and not pushes_weights(settings)):
         return False
     if iteration >= train.iterations or evaluation_due(settings, iteration) \
             or (league.enabled and iteration % league.snapshot_every == 0):
         return False
     engine_loads = settings.model.lora is not None or engine.vllm.weight_sync == "disk"  # a vLLM engine reads it
     return not (engine.backend == "vllm" and engine_loads)
+
+
+def pushes_weights(settings: Settings) -> bool:
+    """Whether each update's full weights reach the run's rollout workers in other processes
+    through memory, not a checkpoint read back (``tasks.ray_workers.push_weights``): long-lived
+    worker actors on Ray, full fine-tuning, and ``hf``, or ``vllm`` with
+    ``engine.vllm.weight_sync=memory``. A LoRA adapter goes by its checkpoint's path."""
+    flow = settings.flow
+    return (flow.runner == "ray" and flow.ray.long_lived_workers and settings.model.lora is None
+            and (settings.engine.backend == "hf" or settings.engine.vllm.weight_sync == "memory"))
 
 
 def evaluation_due(settings: Settings, iteration: int) -> bool:

@@ -233,6 +233,10 @@ def start_training(settings: Settings, checkpoint: ckpt.Checkpoint | None = None
     return state
 
 
+#: What a rollout worker holds while pushed weights are being checked: no checkpoint's.
+_UNCHECKED = "unchecked pushed weights"
+
+
 class RolloutWorker:
     """A generation engine and the policy it samples from, kept between iterations, for
     rollouts outside the trainer's process (a process pool's worker, a Ray actor). It holds
@@ -244,15 +248,24 @@ class RolloutWorker:
         self.settings = settings
         self._backend: Backend | None = None
         self._policy: Policy | None = None  # hf only: the weights the backend samples with
-        self._held: str | None = None  # the content hash of the checkpoint held (None: the starting policy)
+        self._held: str | None = None  # the weights_id of the checkpoint held (None: the starting policy)
         self.loads = self.pushes = 0  # checkpoints read from disk, and weights taken through memory
 
-    def sample_from(self, checkpoint: str | Path | None) -> Backend:
-        """The engine, sampling from ``checkpoint`` (None: the run's starting policy)."""
-        wanted = ckpt.content_hash(checkpoint) if checkpoint is not None else None
+    def sample_from(self, checkpoint: str | Path | None, weights: str | None = None) -> Backend:
+        """The engine, sampling from ``checkpoint`` (None: the run's starting policy). Given its
+        ``weights`` (:func:`mage.train.checkpoint.weights_id`), a worker that was pushed them
+        reads nothing, and one that was not waits for the checkpoint's files, which the
+        trainer's process may still be writing behind."""
+        if self._backend is not None and weights is not None and self._held == weights:
+            return self._backend
+        loaded = None
+        if checkpoint is not None and weights is not None:
+            loaded = ckpt.wait_until_written(checkpoint, weights)
+        elif checkpoint is not None:
+            loaded = ckpt.Checkpoint.at(checkpoint)
+        wanted = ckpt.weights_id(loaded) if loaded is not None else None
         if self._backend is not None and self._held == wanted:
             return self._backend
-        loaded = ckpt.Checkpoint.at(checkpoint) if checkpoint is not None else None
         if self._backend is not None and loaded is not None and self._policy is not None:
             ckpt.load_weights(self._policy, loaded)  # hf: new weights into the model the backend holds
             self.loads += 1
@@ -265,9 +278,11 @@ class RolloutWorker:
         self._held = wanted
         return self._backend
 
-    def take_weights(self, checkpoint: str, chunks: Iterable[list[vllm_sync.Encoded]], probe: vllm_sync.Probe,
-                     expected: list[list[float]]) -> dict[str, Any]:
-        """The full weights of ``checkpoint``, sent through memory by the trainer's process
+    def take_weights(self, checkpoint: str, weights: str, chunks: Iterable[list[vllm_sync.Encoded]],
+                     probe: vllm_sync.Probe, expected: list[list[float]]) -> dict[str, Any]:
+        """The full weights of ``checkpoint`` (named ``weights``: its
+        :func:`~mage.train.checkpoint.weights_id`, known before a checkpoint written behind has
+        its files), sent through memory by the trainer's process
         (:func:`vllm_sync.encoded`), taken in place of reading the checkpoint: into the engine
         (``vllm``) or the policy (``hf``), then checked: the probe's log-probs must equal the
         trainer's ``expected`` (else :class:`~mage.backends.vllm_sync.StaleWeightsError`). A worker
@@ -276,7 +291,7 @@ class RolloutWorker:
         if self._backend is None:
             return {}
         started = time.perf_counter()
-        self._held = None  # until checked: a failed push is never trusted
+        self._held = _UNCHECKED  # until checked: a failed push is never trusted, not even as the starting policy
         what = f"the weights of {checkpoint}, pushed through memory"
         if self._policy is not None:  # hf: into the model the backend samples with
             self._policy.model.load_state_dict(dict(vllm_sync.decoded(chunks)), strict=True)
@@ -290,7 +305,7 @@ class RolloutWorker:
             vllm_sync.name_pushed(backend, checkpoint)
         else:
             raise TypeError(f"a {type(self._backend).__name__} takes no weights through memory")
-        self._held = ckpt.content_hash(checkpoint)
+        self._held = weights
         self.pushes += 1
         return {"gap": gap, "seconds": time.perf_counter() - started}
 

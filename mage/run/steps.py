@@ -105,11 +105,12 @@ def advance_league(settings: Settings, table: pl.DataFrame, iteration: int) -> d
 
 
 def play_shard(worker: RolloutWorker, iteration: int, checkpoint: str | Path | None,
-               shard: int) -> tuple[Path, RolloutStats]:
+               shard: int, weights: str | None = None) -> tuple[Path, RolloutStats]:
     """:func:`rollout` by a worker outside the trainer's process, sampling from
-    ``checkpoint``; the shard's table is written where the run keeps shard tables."""
+    ``checkpoint`` (with its ``weights``: :meth:`RolloutWorker.sample_from`); the shard's table
+    is written where the run keeps shard tables."""
     settings = worker.settings
-    table, stats = rollout(settings, worker.sample_from(checkpoint), iteration, shard, progress=False)
+    table, stats = rollout(settings, worker.sample_from(checkpoint, weights), iteration, shard, progress=False)
     return write_trajectories(table, RunLayout.of(settings).rollout_shard(iteration, shard)), stats
 
 
@@ -172,8 +173,6 @@ def save(state: TrainingState, metrics: dict[str, Any], behind: bool = False) ->
         sharded_state=state.sharded_state,
     )
     sharded_state = state.sharded_state
-    if behind and sharded_state is not None:
-        raise ValueError("a checkpoint of the workers' sharded state is not written behind: they may write the next")
     final = layout.final_checkpoint() if layout.final.is_file() else None  # a longer run's earlier end
     snapshots = [layout.root / m.checkpoint for m in league_state(settings, state.iteration + 1).members] \
         if settings.population.league.enabled else []  # the league plays them

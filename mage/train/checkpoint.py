@@ -88,9 +88,48 @@ class Checkpoint:
 
 def content_hash(path: str | Path) -> str:
     """Hash of a checkpoint's weights (from its manifest): what caches key on."""
-    manifest = io.read_json(Path(path) / MANIFEST, DAMAGED)
+    return _files_hash(io.read_json(Path(path) / MANIFEST, DAMAGED))
+
+
+def _files_hash(manifest: dict[str, Any]) -> str:
     weights = {k: v for k, v in manifest["files"].items() if k != STATE_FILE}
     return hashlib.sha256(json.dumps(weights, sort_keys=True).encode()).hexdigest()
+
+
+def weights_id(checkpoint: Checkpoint) -> str:
+    """What names a checkpoint's weights where a process holds them (a rollout worker): the
+    manifest's ``id``, drawn when the checkpoint is asked for, so that weights pushed through
+    memory are named before a checkpoint written behind has its files; for a checkpoint written
+    before ids, the hash of its weight files (:func:`content_hash`)."""
+    return checkpoint.manifest.get("id") or _files_hash(checkpoint.manifest)
+
+
+#: How long a reader in another process waits for a checkpoint being written behind (a
+#: Qwen3-4B checkpoint with its optimizer state is about 45 GiB).
+WRITE_WAIT_SECONDS = 1800.0
+
+
+def wait_until_written(path: str | Path, weights: str | None = None,
+                       timeout: float = WRITE_WAIT_SECONDS) -> Checkpoint:
+    """Checkpoint ``path`` once it is complete on disk and, given ``weights``, holds those
+    (:func:`weights_id`): the trainer's process may still be writing it behind
+    (``train.write_behind``), and renames it into place whole when written. A
+    :class:`TimeoutError` after ``timeout`` seconds names what was found."""
+    path = Path(path)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = None
+        if (path / MANIFEST).is_file():
+            _require(path, ())  # renamed into place whole: one found damaged stays so
+            found = Checkpoint.at(path)
+        if found is not None and weights in (None, weights_id(found)):
+            return found
+        if time.monotonic() >= deadline:
+            what = "no complete checkpoint" if found is None else f"weights {weights_id(found)}"
+            raise TimeoutError(f"{path}: waited {timeout:g} s for checkpoint weights {weights or ''} written behind "
+                               f"by the trainer's process, found {what} (did its write fail? the trainer's log "
+                               f"says; the run resumes from the checkpoint before it)")
+        time.sleep(0.2)
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -154,6 +193,7 @@ def checkpoint_writer(
         "mage_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "sharded_state": sharded_state is not None,
+        "id": uuid.uuid4().hex,  # names the weights before the files exist (weights_id)
     }
     generation = None if policy.is_lora or not policy.model.can_generate() else \
         copy.deepcopy(policy.model.generation_config)
