@@ -31,14 +31,31 @@ class Recording(ScriptedBackend):
         return super().generate(requests, sampling_settings)
 
 
-def played(game: str, rule: str, as_model: bool, opponent_backend=None, groups: int = 8, **params):
+class Joint(ScriptedBackend):
+    """An agent's backend that answers its opponents' calls in its own batches, as vLLM's views of
+    one engine do (``generate_joint``), each part by its own backend; it keeps each joint batch's
+    part sizes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.joint_batches: list[list[int]] = []
+
+    def joins(self, others):
+        return all(isinstance(other, ScriptedBackend) for other in others)
+
+    def generate_joint(self, batches, sampling_settings):
+        self.joint_batches.append([len(part) for _, part in batches])
+        return [ScriptedBackend.generate(backend, list(part), sampling_settings) for backend, part in batches]
+
+
+def played(game: str, rule: str, as_model: bool, opponent_backend=None, groups: int = 8, agent=None, **params):
     settings = defaults(f"game={game}")
     scripted = next(e for e in settings.population.train.values())
     entry = dataclasses.replace(scripted, id="snapshot-1", opponent=MODEL_OPPONENT if as_model else rule,
                                 params={} if as_model else params, share=1.0)
     specs = plan_meta_episodes([entry], num_groups=groups, group_size=2, seed=3)
     opponents = {"snapshot-1": opponent_backend or ScriptedBackend({"rule": rule, **params})} if as_model else None
-    engine = RolloutEngine(ScriptedBackend("random", seed=0), rollout_config(episodes=3, group_size=2),
+    engine = RolloutEngine(agent or ScriptedBackend("random", seed=0), rollout_config(episodes=3, group_size=2),
                            settings.game.params, opponents=opponents)
     table = engine.run(specs, sampling(seed=5), progress=False)
     return table, engine.last_stats
@@ -53,6 +70,28 @@ def test_a_rule_in_the_model_s_seat_plays_as_the_scripted_opponent(game, rule, p
     assert stats.opponent_calls > 0 and stats.opponent_invalid == 0
     assert modelled.height == scripted.height == stats.calls  # the opponent's calls make no rows
     assert modelled.equals(scripted)
+
+
+@pytest.mark.parametrize(("game", "agent_rule", "rule", "params"), [
+    ("kuhn_poker", "aggressive", "conservative", {}),
+    ("tic_tac_toe", "preferred_pattern", "preferred_pattern", {"pattern": "reading_order"})])
+def test_opponents_asked_in_the_agent_s_batch_play_as_the_scripted_opponent(game, agent_rule, rule, params):
+    """A backend that batches its opponents' calls with its own (vLLM: each under its LoRA
+    adapter) is sent one batch per step, holding the agent's calls and the opponents' to move,
+    and the game is the one the scripted opponent plays. The agent is a deterministic rule: a
+    random one draws in batch order, which joint batches change."""
+    agent_params = {"pattern": "centre_then_edges"} if game == "tic_tac_toe" else {}
+    scripted, _ = played(game, rule, as_model=False, agent=ScriptedBackend({"rule": agent_rule, **agent_params}),
+                         **params)
+    joint = Joint({"rule": agent_rule, **agent_params})
+    opponent = Recording({"rule": rule, **params})
+    modelled, stats = played(game, rule, as_model=True, agent=joint, opponent_backend=opponent, **params)
+    assert stats.opponent_calls > 0 and stats.opponent_invalid == 0
+    assert not opponent.batches  # never asked on its own
+    assert stats.backend_calls == len(joint.joint_batches)
+    assert sum(sizes[1] for sizes in joint.joint_batches if len(sizes) > 1) == stats.opponent_calls
+    assert any(len(sizes) > 1 and sizes[0] > 0 for sizes in joint.joint_batches)  # the agent's and theirs together
+    assert modelled.height == stats.calls and modelled.equals(scripted)
 
 
 def test_the_opponent_sees_its_own_card_and_nothing_of_the_agent_s():

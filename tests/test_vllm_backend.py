@@ -128,6 +128,40 @@ def test_a_lora_adapter_is_served_as_peft_computes_it_and_close_frees_the_engine
         backend.generate([GenerationRequest("Your card: King (K).")], sampling(max_new_tokens=4))
 
 
+def test_views_of_one_engine_are_answered_in_one_batch_each_under_its_own_adapter(taught_model_dir, tmp_path):
+    """A league's snapshots beside the agent (Backend.generate_joint): one batch, each request
+    under its view's adapter, answers what each view answers alone for the same seeds."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(taught_model_dir, dtype=torch.float32)
+    torch.manual_seed(1)
+    adapted = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                              init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "adapter")
+    agent = vllm_backend(taught_model_dir, lora_rank=8)
+    snapshot = vllm_backend(taught_model_dir, lora_rank=8, adapter=tmp_path / "adapter")
+    assert agent.engine is snapshot.engine and agent.joins([snapshot])
+
+    def requests():
+        return [GenerationRequest(f"Your card: {card}. Reply with <action>check</action> or <action>bet</action>.",
+                                  seed=seed) for seed, card in enumerate(("Jack (J)", "Queen (Q)", "King (K)"))]
+
+    settings = sampling(temperature=1.0, max_new_tokens=12, seed=7)
+    alone = [agent.generate(requests(), settings), snapshot.generate(requests(), settings)]
+    together = agent.generate_joint([(agent, requests()), (snapshot, requests())], settings)
+    for own, joint in zip(alone, together, strict=True):
+        assert [g.token_ids for g in joint] == [g.token_ids for g in own]
+        gaps = [abs(a - b) for g, h in zip(joint, own) for a, b in zip(g.logprobs, h.logprobs, strict=True)]
+        assert max(gaps) < TOLERANCE
+    # the adapter was applied to its view's requests only
+    assert [g.token_ids for g in together[0]] != [g.token_ids for g in together[1]] or max(
+        abs(a - b) for g, h in zip(*together) for a, b in zip(g.logprobs, h.logprobs)) > 50 * TOLERANCE
+    other = vllm_backend(taught_model_dir, lora_rank=8)
+    other.set_weights(tmp_path / "elsewhere")  # other full weights: not one batch
+    assert not agent.joins([snapshot, other])
+
+
 def train_overrides(model_dir, artifacts, *extra: str) -> list[str]:
     return [
         f"model.path={model_dir}", "model.build=null", "engine.backend=vllm", "engine.vllm.max_model_len=2048",

@@ -89,6 +89,17 @@ class Backend(ABC):
     def count_prompt_tokens(self, prompts: Sequence[str]) -> list[int]:
         """Tokens each prompt takes once formatted for the model (chat template included)."""
 
+    def joins(self, others: Sequence[Backend]) -> bool:
+        """Whether :meth:`generate_joint` answers the requests of ``others`` (with this
+        backend's) in one batch: ``vllm``'s views of one engine on the same base weights."""
+        return False
+
+    def generate_joint(self, batches: Sequence[tuple[Backend, Sequence[GenerationRequest]]],
+                       sampling: SamplingSettings) -> list[list[Generation]]:
+        """Several backends' requests in one batch of this backend's, each answered under its
+        own backend's policy (where :meth:`joins` says so); per batch, in request order."""
+        raise NotImplementedError(f"{type(self).__name__} answers no other backend's requests")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the backend's resources (GPU memory, worker processes)."""
 

@@ -359,7 +359,7 @@ class VLLMBackend(Backend):
             seed=seed,
         )
 
-    def _run(self, prompts: list[list[int]], params: list[Any]) -> list[Any]:
+    def _run(self, prompts: list[list[int]], params: list[Any], adapters: list[Any]) -> list[Any]:
         from vllm import TokensPrompt
 
         with _LOCK:
@@ -368,12 +368,32 @@ class VLLMBackend(Backend):
             self.engine.wake_up()
             self.engine.load_weights(self.weights)  # LoRA views: the base model under the adapter
             outputs = self.engine.llm.generate(
-                [TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, lora_request=self.lora_request,
+                [TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, lora_request=adapters,
                 use_tqdm=False,
             )
         return [output.outputs[0] for output in outputs]
 
     def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
+        return self._generate(requests, sampling, [self.lora_request] * len(requests))
+
+    def joins(self, others: Sequence[Backend]) -> bool:
+        """Views of this engine on the same base weights (a league's snapshots beside the agent,
+        each its own LoRA adapter): the engine schedules their requests in one batch, each under
+        its view's ``LoRARequest`` (it holds ``max_loras`` adapters at once)."""
+        return all(isinstance(v, VLLMBackend) and v.engine is self.engine and v.weights == self.weights
+                   for v in others)
+
+    def generate_joint(self, batches: Sequence[tuple[Backend, Sequence[GenerationRequest]]],
+                       sampling: SamplingSettings) -> list[list[Generation]]:
+        if not self.joins([backend for backend, _ in batches]):
+            raise ValueError("a joint batch holds views of this engine on its base weights only")
+        requests = [request for _, part in batches for request in part]
+        adapters = [view.lora_request for view, part in batches for _ in part]
+        answered = iter(self._generate(requests, sampling, adapters))
+        return [[next(answered) for _ in part] for _, part in batches]
+
+    def _generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
+                  adapters: list[Any]) -> list[Generation]:
         if not requests:
             return []
         prompt_ids = self.encode([r.prompt for r in requests])
@@ -391,7 +411,8 @@ class VLLMBackend(Backend):
                 if round_ else self.sampling_params(sampling, requests[i].phase, seeds[i], sampling.max_new_tokens)
                 for i in pending
             ]
-            completions = self._run([prompt_ids[i] + replies[i]["tokens"] for i in pending], params)
+            completions = self._run([prompt_ids[i] + replies[i]["tokens"] for i in pending], params,
+                                    [adapters[i] for i in pending])
             continued = []
             for i, completion in zip(pending, completions):
                 reply = replies[i]

@@ -279,31 +279,59 @@ class RolloutEngine:
         self.opponents = dict(opponents or {})
         self.last_stats = RolloutStats()
 
+    def _opponent_calls(self, live: Sequence[MetaEpisode],
+                        sampling: SamplingSettings) -> list[tuple[str, list[MetaEpisode], list[tuple[Any, Any]]]]:
+        """The calls of every model-played opponent to move, per opponent: its id, the
+        meta-episodes and their (request, view) pairs."""
+        by_opponent: dict[str, list[MetaEpisode]] = {}
+        for meta in live:
+            if meta.waiting:
+                by_opponent.setdefault(meta.spec.entry.id, []).append(meta)
+        batches = []
+        for name, metas in sorted(by_opponent.items()):
+            if name not in self.opponents:
+                raise ValueError(f"opponent {name} is played by a model, and the rollout has no backend for it")
+            calls = [meta.opponent_request() for meta in metas]
+            if sampling.seed is not None:  # its own seeds: the agent's calls draw what they drew without it
+                for meta, (request, _) in zip(metas, calls):
+                    request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.opponent_calls, 1)
+            batches.append((name, metas, calls))
+        return batches
+
+    @staticmethod
+    def _opponents_moved(metas: Sequence[MetaEpisode], calls: Sequence[tuple[Any, Any]],
+                         generations: Sequence[Generation], stats: RolloutStats) -> None:
+        stats.opponent_calls += len(calls)
+        for meta, (_, view), generation in zip(metas, calls, generations):
+            stats.opponent_invalid += not meta.opponent_moved(view, generation)
+
     def _move_opponents(self, live: list[MetaEpisode], sampling: SamplingSettings, step: int,
                         stats: RolloutStats) -> None:
         """Every model-played opponent whose turn it is moves: one batched call per opponent's
         backend, repeated while an opponent is to move (it may open the next episode)."""
         rounds = 0
-        while waiting := [meta for meta in live if meta.waiting]:
-            by_opponent: dict[str, list[MetaEpisode]] = {}
-            for meta in waiting:
-                by_opponent.setdefault(meta.spec.entry.id, []).append(meta)
-            for name, metas in sorted(by_opponent.items()):
-                if name not in self.opponents:
-                    raise ValueError(f"opponent {name} is played by a model, and the rollout has no backend for it")
-                calls = [meta.opponent_request() for meta in metas]
-                if sampling.seed is not None:  # its own seeds: the agent's calls draw what they drew without it
-                    for meta, (request, _) in zip(metas, calls):
-                        request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.opponent_calls, 1)
+        while batches := self._opponent_calls(live, sampling):
+            for name, metas, calls in batches:
                 step_sampling = sampling if sampling.seed is None else _reseeded(sampling, derive_seed(step, rounds, 1))
                 started = time.perf_counter()
                 generations = self.opponents[name].generate([request for request, _ in calls], step_sampling)
                 stats.generation_seconds += time.perf_counter() - started
                 stats.backend_calls += 1
-                stats.opponent_calls += len(calls)
-                for meta, (_, view), generation in zip(metas, calls, generations):
-                    stats.opponent_invalid += not meta.opponent_moved(view, generation)
+                self._opponents_moved(metas, calls, generations, stats)
             rounds += 1
+
+    def _generate_with_opponents(self, live: Sequence[MetaEpisode], requests: list[GenerationRequest],
+                                 sampling: SamplingSettings, stats: RolloutStats) -> list[Generation]:
+        """The agent's ``requests`` and the calls of every model-played opponent to move in
+        ``live`` as one batch of the agent's backend (:meth:`Backend.generate_joint`); the
+        opponents' replies are applied, the agent's returned."""
+        batches = self._opponent_calls(live, sampling)
+        answered = self.backend.generate_joint(
+            [(self.backend, requests), *((self.opponents[name], [r for r, _ in calls]) for name, _, calls in batches)],
+            sampling)
+        for (_, metas, calls), generations in zip(batches, answered[1:]):
+            self._opponents_moved(metas, calls, generations, stats)
+        return answered[0]
 
     def _count_tokens(self, text: str) -> int:
         return self.backend.count_prompt_tokens([text])[0]
@@ -343,6 +371,9 @@ class RolloutEngine:
         bar = tqdm(total=len(specs), unit="meta-episode", desc=f"rollout {run_id}/{iteration}", disable=not progress)
         shown = time.time()
         step = 0
+        # League snapshots on views of the agent's vLLM engine are asked in the agent's batch
+        # (each under its own LoRA adapter); elsewhere each opponent's backend is asked in turn, first.
+        joint = bool(self.opponents) and self.backend.joins(list(self.opponents.values()))
         while pending or live:
             stopping.check()  # a stop signal reaches only the main thread; this may run on another
             while pending and len(live) < limit:
@@ -352,7 +383,7 @@ class RolloutEngine:
                     games[key] = spec.entry.make_game(self.game_params)
                 meta = MetaEpisode(spec, games[key], self.cfg, base)
                 (finished if meta.done else live).append(meta)
-            if self.opponents or any(meta.waiting for meta in live):
+            if not joint and (self.opponents or any(meta.waiting for meta in live)):
                 self._move_opponents(live, sampling, step, stats)
                 ended = [meta for meta in live if meta.done]
                 if ended:
@@ -362,21 +393,24 @@ class RolloutEngine:
                 if not live:
                     step += 1  # the next batch draws from seeds of its own
                     continue
-            calls = self._requests(live, max_tokens)
+            acting = [meta for meta in live if not meta.waiting]  # joint: the others' opponents move meanwhile
+            calls = self._requests(acting, max_tokens)
             if sampling.seed is not None:
                 # Each call its own seed, from the rollout's seed, the meta-episode and its call
                 # number: the members of a group differ though they share a prompt, and the seed
                 # does not depend on what else is in the batch (concurrency). The rollout's seed is
                 # per (iteration, shard), so a different flow.rollout_shards draws other replies.
-                for meta, (request, _) in zip(live, calls):
+                for meta, (request, _) in zip(acting, calls):
                     request.seed = derive_seed(sampling.seed, meta.spec.meta_id, meta.calls)
             step_sampling = sampling if sampling.seed is None else _reseeded(sampling, step)
             t0 = time.perf_counter()
-            generations = self.backend.generate([request for request, _ in calls], step_sampling)
+            requests = [request for request, _ in calls]
+            generations = self._generate_with_opponents(live, requests, step_sampling, stats) if joint \
+                else self.backend.generate(requests, step_sampling)
             stats.generation_seconds += time.perf_counter() - t0
             stats.backend_calls += 1
             stats.calls += len(calls)
-            for meta, (_, prompt), generation in zip(live, calls, generations):
+            for meta, (_, prompt), generation in zip(acting, calls, generations):
                 stats.generated_tokens += len(generation.token_ids)
                 meta.consume(prompt, generation)
             done_now = [meta for meta in live if meta.done]
