@@ -19,7 +19,7 @@ from mage.rollout import (
     read_trajectories,
     write_trajectories,
 )
-from mage.rollout.engine import MetaEpisodeSpec
+from mage.rollout.plan import MetaEpisodeSpec
 from mage.rollout.prompts import PromptTooLongError
 from mage.rollout.schema import SchemaError
 from mage.sections import PopulationEntry

@@ -1,7 +1,8 @@
 """Multi-episode rollouts: the meta-episode engine, prompts, the trajectory table, metrics."""
 
-from mage.rollout.engine import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes
+from mage.rollout.engine import RolloutEngine, RolloutStats
 from mage.rollout.metrics import episode_outcomes, rollout_metrics
+from mage.rollout.plan import MetaEpisodeSpec, plan_meta_episodes
 from mage.rollout.schema import BASE_COLUMNS, DERIVED_COLUMNS, read_trajectories, validate, write_trajectories
 
 __all__ = [
