@@ -39,12 +39,14 @@ class Joint(ScriptedBackend):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.joint_batches: list[list[int]] = []
+        self.opponent_seeds: list[int] = []
 
     def joins(self, others):
         return all(isinstance(other, ScriptedBackend) for other in others)
 
     def generate_joint(self, batches, sampling_settings):
         self.joint_batches.append([len(part) for _, part in batches])
+        self.opponent_seeds += [request.seed for _, part in batches[1:] for request in part]
         return [ScriptedBackend.generate(backend, list(part), sampling_settings) for backend, part in batches]
 
 
@@ -92,6 +94,12 @@ def test_opponents_asked_in_the_agent_s_batch_play_as_the_scripted_opponent(game
     assert sum(sizes[1] for sizes in joint.joint_batches if len(sizes) > 1) == stats.opponent_calls
     assert any(len(sizes) > 1 and sizes[0] > 0 for sizes in joint.joint_batches)  # the agent's and theirs together
     assert modelled.height == stats.calls and modelled.equals(scripted)
+    # each opponent call drew from the seed it draws from when asked on its own: from the
+    # rollout's seed, not from the step's (which depends on what else is in the batch)
+    alone = Recording({"rule": rule, **params})
+    played(game, rule, as_model=True, agent=ScriptedBackend({"rule": agent_rule, **agent_params}),
+           opponent_backend=alone, **params)
+    assert sorted(joint.opponent_seeds) == sorted(r.seed for batch in alone.batches for r in batch)
 
 
 def test_the_opponent_sees_its_own_card_and_nothing_of_the_agent_s():

@@ -195,3 +195,44 @@ def test_a_checkpoint_keeps_the_generation_config_and_tokenizer_of_when_it_was_a
     policy.model.generation_config = own
     assert json.loads((written.path / "generation_config.json").read_text())["eos_token_id"] == [3, 5]
     assert written.manifest["files"] == in_turn.manifest["files"]
+
+
+
+def test_a_write_behind_failing_twice_is_raised_by_every_wait_and_marked_for_readers_elsewhere(tiny_model_dir,
+                                                                                                tmp_path):
+    """The writer thread makes a refused write once more; failing again, every later wait raises
+    it (a retried update must not start from a checkpoint that is not there), and a reader in
+    another process waiting for it (a restarted Ray rollout worker) is told at once, not after
+    the timeout. A later write of that checkpoint removes the mark."""
+    from mage.run.state import start_training
+
+    settings = run(tiny_model_dir, tmp_path)
+    state = start_training(settings)
+    try:
+        asked, write = ckpt.checkpoint_writer(RunLayout.of(settings).checkpoints, 1, state.policy,
+                                              state.trainer.optimizer, config_hash="x", parent=None, metrics={})
+        tries = []
+
+        def refused():
+            tries.append(threading.current_thread().name)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        state.checkpoint = asked
+        state.write_behind(refused)
+        for _ in range(2):  # sticky: the second wait raises too
+            with pytest.raises(OSError, match="No space"):
+                state.wait_for_checkpoint()
+        assert len(tries) == 2 and all(name.startswith(WRITER) for name in tries)
+        started = time.monotonic()
+        with pytest.raises(ckpt.UnwrittenCheckpoint, match="failed to write") as refusal:
+            ckpt.wait_until_written(asked.path, ckpt.weights_id(asked), timeout=60)
+        assert time.monotonic() - started < 10 and refusal.value.transient is False
+        with pytest.raises(ckpt.UnwrittenCheckpoint, match="waited 0.5 s"):  # other weights: not marked
+            ckpt.wait_until_written(asked.path, "another checkpoint's id", timeout=0.5)
+        state.close()  # logs the failure; the run is ending
+        state.wait_for_checkpoint()
+        written = write()  # resumed, the checkpoint is written: the mark goes
+        assert ckpt.wait_until_written(asked.path, ckpt.weights_id(asked), timeout=5).path == written.path
+        assert not list(written.path.parent.glob(".*.unwritten"))
+    finally:
+        state.close()

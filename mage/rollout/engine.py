@@ -256,14 +256,16 @@ class RolloutEngine:
             rounds += 1
 
     def _generate_with_opponents(self, live: Sequence[MetaEpisode], requests: list[GenerationRequest],
-                                 sampling: SamplingSettings, stats: RolloutStats) -> list[Generation]:
+                                 sampling: SamplingSettings, step_sampling: SamplingSettings,
+                                 stats: RolloutStats) -> list[Generation]:
         """The agent's ``requests`` and the calls of every model-played opponent to move in
-        ``live`` as one batch of the agent's backend (:meth:`Backend.generate_joint`); the
-        opponents' replies are applied, the agent's returned."""
+        ``live`` as one batch of the agent's backend (:meth:`Backend.generate_joint`, at the
+        step's ``step_sampling``; the opponents' seeds come from the rollout's ``sampling``, as
+        without it); the opponents' replies are applied, the agent's returned."""
         batches = self._opponent_calls(live, sampling)
         answered = self.backend.generate_joint(
             [(self.backend, requests), *((self.opponents[name], [r for r, _ in calls]) for name, _, calls in batches)],
-            sampling)
+            step_sampling)
         for (_, metas, calls), generations in zip(batches, answered[1:]):
             self._opponents_moved(metas, calls, generations, stats)
         return answered[0]
@@ -340,7 +342,7 @@ class RolloutEngine:
             step_sampling = sampling if sampling.seed is None else _reseeded(sampling, step)
             t0 = time.perf_counter()
             requests = [request for request, _ in calls]
-            generations = self._generate_with_opponents(live, requests, step_sampling, stats) if joint \
+            generations = self._generate_with_opponents(live, requests, sampling, step_sampling, stats) if joint \
                 else self.backend.generate(requests, step_sampling)
             stats.generation_seconds += time.perf_counter() - t0
             stats.backend_calls += 1

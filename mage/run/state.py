@@ -67,9 +67,11 @@ class TrainingState:
     #: which the workers' first update continues instead (removed once that update is done)
     workers_resume: Path | None = None
     _probe: vllm_sync.Probe | None = field(default=None, repr=False)  # what a vLLM engine is checked on
-    #: a checkpoint written behind: its future and its write
-    _writing: tuple[concurrent.futures.Future, Callable[[], ckpt.Checkpoint]] | None = field(default=None, repr=False)
+    #: a checkpoint written behind: its write on the writer thread
+    _writing: concurrent.futures.Future | None = field(default=None, repr=False)
     _writer: concurrent.futures.ThreadPoolExecutor | None = field(default=None, repr=False)
+    #: a checkpoint written behind that failed twice: raised by every wait until :meth:`close`
+    _write_failed: BaseException | None = field(default=None, repr=False)
 
     def backend(self) -> Backend:
         """The rollout backend of the current weights (hf shares the policy's model in memory;
@@ -141,24 +143,38 @@ class TrainingState:
         self.wait_for_checkpoint()
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
-        self._writing = (self._writer.submit(write), write)
+        self._writing = self._writer.submit(self._write_twice, self.checkpoint, write)
+
+    @staticmethod
+    def _write_twice(checkpoint: ckpt.Checkpoint, write: Callable[[], ckpt.Checkpoint]) -> ckpt.Checkpoint:
+        """On the writer thread: ``write``, made once more if it fails (the weights have not
+        changed since: a refused write is retried as the save step's task would retry it). A
+        second failure is marked beside the checkpoints, so that a reader in another process
+        (a restarted rollout worker) stops waiting for it, and raised at the next wait."""
+        try:
+            return write()
+        except Exception as error:  # noqa: BLE001 - written again; a second failure is raised
+            logger.warning(f"checkpoint {checkpoint.path}, written behind, failed ({error}); writing it again")
+        try:
+            return write()
+        except Exception:
+            ckpt.mark_unwritten(checkpoint)
+            raise
 
     def wait_for_checkpoint(self) -> None:
-        """The checkpoint written behind, if any, is on disk when this returns. A write that
-        failed is made once more here, in turn (the weights have not changed since): a refused
-        write is retried as the save step's task would retry it. Its second failure is raised,
-        and the run resumes from the checkpoint before it."""
+        """The checkpoint written behind, if any, is on disk when this returns. Its write's
+        second failure is raised here, and by every later wait (a retried step finds the
+        checkpoint missing still); the run resumes from the checkpoint before it."""
+        if self._write_failed is not None:
+            raise self._write_failed
         if self._writing is None:
             return
-        future, write = self._writing
         started = time.perf_counter()
         try:
-            written = future.result()
-        except Exception as error:  # noqa: BLE001 - written again, or raised from the write in turn
-            logger.warning(f"checkpoint {self.checkpoint.path if self.checkpoint else ''}, written behind, "
-                           f"failed ({error}); writing it again")
-            self._writing = None
-            written = write()
+            written = self._writing.result()
+        except Exception as error:
+            self._writing, self._write_failed = None, error
+            raise
         self._writing = None  # only now: stopped while waiting, close() waits again
         if (waited := time.perf_counter() - started) >= 1:  # the rollout was shorter than the write
             logger.info(f"waited {waited:.1f} s for checkpoint {written.path}")
@@ -173,7 +189,7 @@ class TrainingState:
         except Exception as error:  # noqa: BLE001 - the run is ending; this is its last word on the write
             logger.error(f"a checkpoint written behind failed: {error}")
         finally:
-            self._writing = None
+            self._writing, self._write_failed = None, None
             if self._writer is not None:
                 self._writer.shutdown()
                 self._writer = None

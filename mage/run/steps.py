@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Sequence
 from dataclasses import replace
@@ -28,6 +29,8 @@ from mage.sections import PopulationEntry
 from mage.settings import Settings
 from mage.tensors import derive_seed
 from mage.train import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
 
 
 # -- the steps ------------------------------------------------------------------------------
@@ -183,8 +186,12 @@ def save(state: TrainingState, metrics: dict[str, Any], behind: bool = False) ->
         if sharded_state is not None:  # moved into the checkpoint: its staging folder is empty now
             shutil.rmtree(sharded_state.parent, ignore_errors=True)
             state.sharded_state = None  # only now: a failed write keeps it, and a retry takes it
-        ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=iteration,
-                               protect=([final] if final is not None else []) + snapshots)
+        try:
+            ckpt.prune_checkpoints(layout.checkpoints, settings.train.keep_checkpoints, up_to=iteration,
+                                   protect=([final] if final is not None else []) + snapshots)
+        except OSError as error:  # the checkpoint is written (a retry must not write it again): older ones stay
+            logger.warning(f"checkpoint {written.path} is written; removing older ones failed ({error}), the next "
+                           f"checkpoint tries again")
         return written
 
     if behind:  # the checkpoint without its files until written (TrainingState.wait_for_checkpoint)

@@ -109,26 +109,57 @@ def weights_id(checkpoint: Checkpoint) -> str:
 WRITE_WAIT_SECONDS = 1800.0
 
 
+class UnwrittenCheckpoint(TimeoutError):
+    """A checkpoint asked for by another process was not written (its write failed, or took
+    longer than :data:`WRITE_WAIT_SECONDS`)."""
+
+    transient = False  # tasks.caching.is_transient: the trainer's process has given up on it
+
+
+def _unwritten_marker(path: Path) -> Path:
+    return path.parent / f".{path.name}.unwritten"
+
+
+def mark_unwritten(checkpoint: Checkpoint) -> None:
+    """Say beside checkpoint ``checkpoint`` that its write behind failed for good (its id in a
+    small file), so that a reader waiting for it (:func:`wait_until_written`) stops at once.
+    Best effort: the disk that refused the checkpoint may refuse this too."""
+    with contextlib.suppress(OSError):
+        checkpoint.path.parent.mkdir(parents=True, exist_ok=True)
+        _unwritten_marker(checkpoint.path).write_text(weights_id(checkpoint))
+
+
 def wait_until_written(path: str | Path, weights: str | None = None,
                        timeout: float = WRITE_WAIT_SECONDS) -> Checkpoint:
     """Checkpoint ``path`` once it is complete on disk and, given ``weights``, holds those
     (:func:`weights_id`): the trainer's process may still be writing it behind
-    (``train.write_behind``), and renames it into place whole when written. A
-    :class:`TimeoutError` after ``timeout`` seconds names what was found."""
+    (``train.write_behind``), and renames it into place whole when written (an older checkpoint
+    at that path, damaged or not, is being replaced). :class:`UnwrittenCheckpoint` at once if
+    the trainer's process marked its write failed (:func:`mark_unwritten`), or after
+    ``timeout`` seconds."""
     path = Path(path)
     deadline = time.monotonic() + timeout
+    found = "nothing"
     while True:
-        found = None
-        if (path / MANIFEST).is_file():
-            _require(path, ())  # renamed into place whole: one found damaged stays so
-            found = Checkpoint.at(path)
-        if found is not None and weights in (None, weights_id(found)):
-            return found
+        try:
+            if (path / MANIFEST).is_file():
+                _require(path, ())
+                checkpoint = Checkpoint.at(path)
+                if weights in (None, weights_id(checkpoint)):
+                    return checkpoint
+                found = f"checkpoint weights {weights_id(checkpoint)}"
+        except (io.CorruptFileError, OSError) as error:  # being replaced, or damaged
+            found = str(error)
+        failed = None
+        with contextlib.suppress(OSError):
+            failed = _unwritten_marker(path).read_text()
+        if weights is not None and failed == weights:
+            raise UnwrittenCheckpoint(f"{path}: the trainer's process failed to write this checkpoint (its log "
+                                      f"says why); the run resumes from the checkpoint before it")
         if time.monotonic() >= deadline:
-            what = "no complete checkpoint" if found is None else f"weights {weights_id(found)}"
-            raise TimeoutError(f"{path}: waited {timeout:g} s for checkpoint weights {weights or ''} written behind "
-                               f"by the trainer's process, found {what} (did its write fail? the trainer's log "
-                               f"says; the run resumes from the checkpoint before it)")
+            raise UnwrittenCheckpoint(f"{path}: waited {timeout:g} s for checkpoint weights {weights or ''} written "
+                                      f"behind by the trainer's process, found {found}; the trainer's log says "
+                                      f"whether its write failed")
         time.sleep(0.2)
 
 
@@ -225,6 +256,7 @@ def checkpoint_writer(
     def write() -> Checkpoint:
         written: dict[str, Any] = {}
         io.replace_directory(final, lambda tmp: written.update(write_into(tmp)))
+        _unwritten_marker(final).unlink(missing_ok=True)  # a failed write's before this one
         return Checkpoint(final, written)
 
     return Checkpoint(final, manifest), write
