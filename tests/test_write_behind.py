@@ -134,10 +134,14 @@ def test_a_run_written_behind_leaves_what_a_run_written_in_turn_leaves_and_the_w
     assert a.metrics.read_bytes() == b.metrics.read_bytes()
     kept = [c.iteration for c in ckpt.list_checkpoints(a.checkpoints)]
     assert kept == [c.iteration for c in ckpt.list_checkpoints(b.checkpoints)] == [1, 2, 3]
-    for iteration in kept:  # every file the same bytes (the manifest's hashes), the RNG state included
+    # every file the same bytes (the manifest's hashes), torch's RNG state included (a rollout draws
+    # from it: taken at the write, it would differ). Python's global RNG is not compared: mage never
+    # draws from it, so its state is whatever the process's other threads left (in the full suite, a
+    # leftover background thread of an earlier test drew from it between the two runs).
+    for iteration in kept:
         name = f"{ckpt.PREFIX}{iteration:05d}"
         first, second = (json.loads((layout.checkpoints / name / ckpt.MANIFEST).read_text()) for layout in (a, b))
-        assert first["files"] == second["files"] and first["python_rng"] == second["python_rng"], iteration
+        assert first["files"] == second["files"], iteration
         assert ckpt.is_complete(a.checkpoints / name)
 
 
