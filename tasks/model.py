@@ -14,7 +14,7 @@ from tasks.refs import FileRef
       **TASK_DEFAULTS)
 def prepare_model(settings: Settings) -> FileRef:
     """Build the tiny preset, or fetch a hub model into the local cache; reference its directory."""
-    model = settings.model
-    get_run_logger().info(f"preparing {model.path}" + (" (the tiny preset is built if it is not there)"
-                                                       if model.build == "tiny" else ""))
-    return FileRef.of(prepare(settings, progress=False), "directory")
+    model, log = settings.model, get_run_logger()
+    log.info(f"preparing {model.path}" + (" (the tiny preset is built if it is not there)"
+                                          if model.build == "tiny" else ""))
+    return FileRef.of(prepare(settings, progress=False, say=log.info), "directory")

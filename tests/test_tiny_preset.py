@@ -36,7 +36,8 @@ SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.int
 def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
     # on the CPU wherever the tests run: the byte-for-byte repeat below is a CPU property
     settings = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cpu"])
-    directory = build_tiny(settings, progress=False)
+    said: list[str] = []
+    directory = build_tiny(settings, progress=False, say=said.append)
     assert directory == tmp_path / "models" / "tiny-kuhn_poker"
     model = AutoModelForCausalLM.from_pretrained(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
@@ -60,6 +61,14 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
         assert check[split]["all"]["meta_episodes"] == len(names)
     assert preset["game"] == "kuhn_poker" and preset["build"]["bc_rules"] == ["timid"] and preset["device"] == "cpu"
     assert preset["parameters"] == sum(p.numel() for p in model.parameters())
+    # A log hears every stage: 2 + 2 cloning steps (SMALL), each reported, as fewer than BC_REPORTS.
+    assert said[0].startswith(f"building the tiny preset 'tiny' for kuhn_poker into {directory}")
+    assert [line.split(" (")[0] for line in said if line.startswith("behaviour cloning: step")] == [
+        f"behaviour cloning: step {step}/4" for step in (1, 2, 3, 4)]
+    assert f"{preset['parameters']:,} parameters" in said[1] and "32 meta-episodes, 4 steps" in said[2]
+    assert said[-1].startswith(f"built {directory} in ") and (
+        f"train {check['train']['all']['final_win_rate']}, held_out {check['held_out']['all']['final_win_rate']}"
+        in said[-1])
     # The same seed builds the same weights: a preset is reproducible from its config.
     again = build_tiny(settings, tmp_path / "again", progress=False)
     assert (again / "model.safetensors").read_bytes() == (directory / "model.safetensors").read_bytes()

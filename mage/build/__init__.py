@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from mage.build.preset import build_differences, build_tiny
+from mage.build.preset import Say, build_differences, build_tiny, say_nothing
 from mage.models.policy import HUB_FILES, ModelNotPreparedError, model_source
 from mage.settings import Settings
 
@@ -17,19 +17,21 @@ __all__ = ["build_tiny", "prepare_model"]
 _STALE_PRESETS_WARNED: set[tuple[str, str]] = set()
 
 
-def prepare_model(settings: Settings, progress: bool = True) -> str:
+def prepare_model(settings: Settings, progress: bool = True, say: Say = say_nothing) -> str:
     """The base model's local directory, made available: where :func:`model_source` finds it,
     else the tiny preset built there or a hub model (``model.path`` is a hub id) fetched into
-    ``model.local_dir`` (or the hub cache). Either way the result loads with ``from_pretrained``."""
+    ``model.local_dir`` (or the hub cache). Either way the result loads with ``from_pretrained``.
+    ``say`` hears a build's or a fetch's stages, one line each (:func:`build_tiny`)."""
     model = settings.model
     try:
         found = model_source(settings)
     except ModelNotPreparedError:
         if model.build == "tiny":
-            build_tiny(settings, progress=progress)
+            build_tiny(settings, progress=progress, say=say)
             return model.path
         from huggingface_hub import snapshot_download
 
+        say(f"fetching {model.path} from the hub into {model.local_dir or 'the hub cache'}")
         return snapshot_download(model.path, local_dir=model.local_dir, allow_patterns=list(HUB_FILES))
     if model.build == "tiny" and (differences := build_differences(model.path, model.tiny)):
         # Kept, not rebuilt: a preset is also reused on purpose (one build for every game of a

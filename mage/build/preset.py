@@ -19,7 +19,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,18 @@ from mage.sections import SPLITS, EvalConfig, TinyBuild
 from mage.settings import Settings, load_settings
 from mage.tensors import resolve_device
 from mage.train.batching import causal_lm_forward, micro_batches
+
+#: Where a build reports its stages, one line each (the prepare-model task passes Prefect's
+#: run logger: the flow's log and the UI show a long build advancing, where a tqdm bar on a
+#: worker thread would show nothing).
+Say = Callable[[str], None]
+
+#: Behaviour-cloning progress lines per build, besides its first and last step.
+BC_REPORTS = 10
+
+
+def say_nothing(_: str) -> None:
+    """The default :data:`Say`: a notebook's build shows its tqdm bars instead."""
 
 
 def corpus(build: TinyBuild, progress: bool) -> list[str]:
@@ -105,7 +117,8 @@ def learning_rate_factor(step: int, total_steps: int, constant_share: float) -> 
     return 1.0 - 0.9 * min(max(step - constant, 0) / max(total_steps - constant, 1), 1.0)
 
 
-def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, progress: bool) -> list[float]:
+def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, progress: bool,
+                      say: Say = say_nothing) -> list[float]:
     """Supervised learning of the scripted replies (loss on response tokens only), in two phases:
 
     1. ``bc_short_steps`` steps of ``bc_short_batch_rows`` calls on the prompts' last
@@ -125,7 +138,8 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
     ``bc_reflection_share`` of the other steps' calls are reflections (:func:`_bc_batches`).
 
     The learning rate holds for the first ``bc_constant_lr_share`` of all steps, then decays
-    linearly to a tenth (:func:`learning_rate_factor`)."""
+    linearly to a tenth (:func:`learning_rate_factor`). ``say`` hears the loss
+    :data:`BC_REPORTS` times along the way."""
     # One batched call each: the fast tokenizer encodes a list in one pass (twice as fast as a
     # call per text on the thousands of calls here), with the same ids.
     prompts = tokenizer([format_prompt(tokenizer, p) for p in table["prompt"].to_list()],
@@ -139,6 +153,8 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
     losses: list[float] = []
     model.train()
     bar = tqdm(total=total_steps, desc="behaviour cloning", unit="step", disable=not progress)
+    report_every = max(1, -(-total_steps // BC_REPORTS))
+    started = time.perf_counter()
     short = [ids[-build.bc_context_tokens:] for ids in prompts]
     reflecting = set(np.flatnonzero((table["phase"] == "reflect").to_numpy()).tolist())
     moves_only = round(build.bc_moves_only_share * build.bc_short_steps)
@@ -161,6 +177,10 @@ def behaviour_cloning(model, tokenizer, table: pl.DataFrame, build: TinyBuild, p
             losses.append(loss)
             bar.update(1)
             bar.set_postfix(phase=phase, loss=f"{loss:.3f}", refresh=False)
+            if len(losses) % report_every == 0 or len(losses) == total_steps:
+                recent = losses[-report_every:]
+                say(f"behaviour cloning: step {len(losses)}/{total_steps} ({phase}), loss {np.mean(recent):.3f} "
+                    f"over the last {len(recent)} steps, {time.perf_counter() - started:.0f} s")
     bar.close()
     model.eval()
     return losses
@@ -248,23 +268,33 @@ def fresh_model(build: TinyBuild, progress: bool = False) -> tuple[Any, Any, lis
     return tokenizer, model, texts
 
 
-def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True) -> Path:
+def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: bool = True,
+               say: Say = say_nothing) -> Path:
     """Build the tiny preset of ``settings.model`` for ``settings``'s game into ``out_dir``
     (default ``model.path``), atomically: tokenizer, seeded model, behaviour cloning of the
-    ``model.tiny.bc_rules`` players against the game's training population, the check."""
+    ``model.tiny.bc_rules`` players against the game's training population, the check.
+    ``progress``: tqdm bars; ``say``: one line per stage (and :data:`BC_REPORTS` during the
+    cloning), for a log."""
     model_cfg = settings.model
     build = model_cfg.tiny
     if build is None:
         raise ValueError(f"model {model_cfg.name!r} has no 'tiny' section: it is not built locally")
     out_dir = Path(out_dir or model_cfg.path)
     started = time.perf_counter()
+    say(f"building the tiny preset {model_cfg.name!r} for {settings.game.name} into {out_dir}: "
+        "tokenizer and model, behaviour cloning, the warm start's check")
     tokenizer, model, texts = fresh_model(build, progress)
     model.to(resolve_device(model_cfg.device))
     built = time.perf_counter()
+    say(f"tokenizer ({len(tokenizer)} tokens) and model ({sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{model.device}) in {built - started:.0f} s")
     bc_table = scripted_tables(settings, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
-    losses = behaviour_cloning(model, tokenizer, bc_table, build, progress)
+    say(f"behaviour cloning of {', '.join(build.bc_rules)}: {bc_table.height} scripted calls from "
+        f"{build.bc_meta_episodes} meta-episodes, {build.bc_short_steps + build.bc_steps} steps")
+    losses = behaviour_cloning(model, tokenizer, bc_table, build, progress, say)
     cloned = time.perf_counter()
+    say(f"the warm start's check: {build.check_meta_episodes} meta-episodes per split")
     check = warm_start_check(model, tokenizer, settings, population_manifest(settings), progress)
     description: dict[str, Any] = {
         "preset": model_cfg.name,
@@ -294,4 +324,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         check_round_trip(tokenizer, str(tmp), texts[:: max(1, len(texts) // 200)])
 
     io.replace_directory(out_dir, write)
+    say(f"built {out_dir} in {time.perf_counter() - started:.0f} s; the warm start's final-episode win rate: "
+        + ", ".join(f"{split} {check[split]['all']['final_win_rate']}" for split in SPLITS)
+        + " (preset.json holds the rest)")
     return out_dir
