@@ -290,7 +290,8 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         f"{model.device}) in {built - started:.0f} s")
     bc_table = scripted_tables(settings, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
-    say(f"behaviour cloning of {', '.join(build.bc_rules)}: {bc_table.height} scripted calls from "
+    players = ", ".join(rule if isinstance(rule, str) else str(rule.get("rule", rule)) for rule in build.bc_rules)
+    say(f"behaviour cloning of {players}: {bc_table.height} scripted calls from "
         f"{build.bc_meta_episodes} meta-episodes, {build.bc_short_steps + build.bc_steps} steps")
     losses = behaviour_cloning(model, tokenizer, bc_table, build, progress, say)
     cloned = time.perf_counter()
