@@ -286,8 +286,9 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
     tokenizer, model, texts = fresh_model(build, progress)
     model.to(resolve_device(model_cfg.device))
     built = time.perf_counter()
-    say(f"tokenizer ({len(tokenizer)} tokens) and model ({sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{model.device}) in {built - started:.0f} s")
+    parameters = sum(p.numel() for p in model.parameters())
+    say(f"tokenizer ({len(tokenizer)} tokens) and model ({parameters:,} parameters, {model.device}) "
+        f"in {built - started:.0f} s")
     bc_table = scripted_tables(settings, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
     players = ", ".join(rule if isinstance(rule, str) else str(rule.get("rule", rule)) for rule in build.bc_rules)
@@ -302,7 +303,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         "game": settings.game.name,
         "build": _recorded(build),
         "device": str(model.device),  # where it was cloned: CPU and GPU builds differ in the last bits
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": parameters,
         "vocab_size": len(tokenizer),
         "tokenizer_games": sorted(GAMES),
         "bc_calls": bc_table.height,
