@@ -33,7 +33,8 @@ from mage import io
 from mage.backends.base import Backend
 from mage.backends.chat import format_prompt
 from mage.backends.hf import HFBackend
-from mage.build.tiny import WARM_START_ROLLOUT, check_round_trip, random_model, scripted_tables, train_tokenizer
+from mage.build.tiny import (WARM_START_ROLLOUT, check_round_trip, random_model, rule_name, scripted_tables,
+                             train_tokenizer)
 from mage.evaluation import evaluate
 from mage.games import GAMES, make_game
 from mage.population import load_manifest, seed_population
@@ -291,8 +292,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         f"in {built - started:.0f} s")
     bc_table = scripted_tables(settings, list(build.bc_rules), build.bc_meta_episodes, build.seed + 1, progress,
                                WARM_START_ROLLOUT)
-    players = ", ".join(rule if isinstance(rule, str) else str(rule.get("rule", rule)) for rule in build.bc_rules)
-    say(f"behaviour cloning of {players}: {bc_table.height} scripted calls from "
+    say(f"behaviour cloning of {', '.join(map(rule_name, build.bc_rules))}: {bc_table.height} scripted calls from "
         f"{build.bc_meta_episodes} meta-episodes, {build.bc_short_steps + build.bc_steps} steps")
     losses = behaviour_cloning(model, tokenizer, bc_table, build, progress, say)
     cloned = time.perf_counter()

@@ -149,6 +149,11 @@ SCRIPTED_ROLLOUT = replace(WARM_START_ROLLOUT, max_prompt_tokens=4096, prompt_ov
 SCRIPTED_SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, stop=None, seed=None)
 
 
+def rule_name(spec: str | Mapping[str, Any]) -> str:
+    """A scripted player's name, from its :func:`mage.backends.scripted.make_rule` spec."""
+    return spec if isinstance(spec, str) else str(spec.get("rule", "rule"))
+
+
 def scripted_tables(
     settings: Settings,
     rules: Sequence[str | Mapping[str, Any]],
@@ -178,6 +183,5 @@ def scripted_tables(
     for index, rule in enumerate(rules):
         engine = RolloutEngine(ScriptedBackend(rule, seed=seed + index), rollout, any_level(settings.game.params))
         specs = plan_meta_episodes(entries, max(1, meta_episodes // 4), 4, seed + index, seat_split, num_seats)
-        name = rule if isinstance(rule, str) else rule.get("rule", "rule")
-        tables.append(engine.run(specs, SCRIPTED_SAMPLING, run_id=f"bc-{name}", progress=progress))
+        tables.append(engine.run(specs, SCRIPTED_SAMPLING, run_id=f"bc-{rule_name(rule)}", progress=progress))
     return pl.concat(tables)
