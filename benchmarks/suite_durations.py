@@ -16,19 +16,20 @@ from pathlib import Path
 #: A line of pytest's durations table: "12.34s call     tests/test_x.py::test_y[param]".
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S+)")
 #: pytest's last line: "... in 2972.56s (0:49:32) ..."
-WALL = re.compile(r" in (\d+(?:\.\d+)?)s(?: \(|\b)")
+WALL = re.compile(r" in (\d+(?:\.\d+)?)s\b")
 
 
 def durations_by_file(text: str) -> tuple[Counter[str], float | None]:
     """Seconds per test file from a pytest log, and pytest's wall time (None if absent).
     Lines that are not durations are skipped."""
     per_file: Counter[str] = Counter()
+    wall = None
     for line in text.splitlines():
-        match = DURATION.match(line)
-        if match:
+        if match := DURATION.match(line):
             per_file[match[3].split("::", 1)[0]] += float(match[1])
-    walls = [float(match[1]) for line in text.splitlines() if line.startswith("=") and (match := WALL.search(line))]
-    return per_file, (walls[-1] if walls else None)
+        elif line.startswith("=") and (match := WALL.search(line)):
+            wall = float(match[1])  # the last summary line wins
+    return per_file, wall
 
 
 def main() -> None:
@@ -41,11 +42,12 @@ def main() -> None:
         raise SystemExit(f"{args.log}: no durations found (run pytest with --durations=0)")
     total = sum(per_file.values())
     print("| file | seconds | share |\n|---|---|---|")
-    for name, seconds in per_file.most_common(args.top):
+    listed = per_file.most_common(args.top)
+    for name, seconds in listed:
         print(f"| `{name}` | {seconds:.0f} | {seconds / total:.0%} |")
-    rest = total - sum(seconds for _, seconds in per_file.most_common(args.top))
+    rest = total - sum(seconds for _, seconds in listed)
     if rest > 0:
-        print(f"| {len(per_file) - min(args.top, len(per_file))} other files | {rest:.0f} | {rest / total:.0%} |")
+        print(f"| {len(per_file) - len(listed)} other files | {rest:.0f} | {rest / total:.0%} |")
     print(f"\nsum of the tests' durations: {total:.0f} s" + (f"; pytest's wall time: {wall:.0f} s "
                                                             f"(ratio {total / wall:.2f})" if wall else ""))
 
