@@ -32,17 +32,16 @@ def ray_runner(flow_cfg: FlowConfig) -> Any:
     """A ``prefect_ray.RayTaskRunner`` on ``flow.ray.address`` (None: a local Ray of ``num_cpus``)."""
     from prefect.settings import get_current_settings
 
-    from tasks.ray_workers import NAMESPACE, PROJECT_DIR
+    from tasks.ray_setup import NAMESPACE, worker_runtime_env
 
     cfg = flow_cfg.ray
     settings = get_current_settings()
-    env = {PROJECT_DIR: os.getcwd(),
-           # task results (the cache) must be one store for every node: the driver's, resolved
-           "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(settings.results.local_storage_path).expanduser().resolve())}
+    # task results (the cache) must be one store for every node: the driver's, resolved
+    env = {"PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(settings.results.local_storage_path).expanduser().resolve())}
     if settings.api.url:
         env["PREFECT_API_URL"] = str(settings.api.url)
-    # every worker process starts in the driver's working directory (tasks/ray_workers.py)
-    runtime_env = {"env_vars": env, "worker_process_setup_hook": "tasks.ray_workers.enter_project_dir"}
+    # every worker process starts in the driver's working directory (tasks/ray_setup.py)
+    runtime_env = worker_runtime_env(env)
     init: dict[str, Any] = {"namespace": NAMESPACE, "runtime_env": runtime_env, "log_to_driver": True}
     if cfg.address is None:
         # a local Ray of its own (never one that happens to run here), on the loopback interface only
@@ -120,7 +119,7 @@ def _inspect_node(marker: str, token: str) -> dict[str, Any]:
     import ray
 
     from tasks.caching import library_source_hash
-    from tasks.ray_workers import project_dir_problem
+    from tasks.ray_setup import project_dir_problem
 
     found: dict[str, Any] = {"node": ray.util.get_node_ip_address(), "problems": []}
     if problem := project_dir_problem():
@@ -181,7 +180,8 @@ def rollout_workers(settings: Settings, shards: int) -> Iterator[list[Any]]:
     ends however it ends (a driver that dies takes them with it: they are not detached)."""
     import ray
 
-    from tasks.ray_workers import NAMESPACE, RolloutActor, actor_name
+    from tasks.ray_setup import NAMESPACE
+    from tasks.ray_workers import RolloutActor, actor_name
 
     cfg = settings.flow.ray
     actor = ray.remote(RolloutActor)

@@ -27,32 +27,9 @@ from mage.run.state import RolloutWorker, TrainingState, probe_logprobs
 from mage.sections import FlowConfig
 from mage.settings import Settings
 from mage.train import checkpoint as ckpt
+from tasks.ray_setup import NAMESPACE
 
 logger = logging.getLogger(__name__)
-
-NAMESPACE = "mage"
-#: Set by the runner for every Ray worker: the driver's working directory, where the
-#: config's relative paths (``paths.artifacts``) start.
-PROJECT_DIR = "MAGE_PROJECT_DIR"
-
-
-def enter_project_dir() -> None:
-    """Ray's ``worker_process_setup_hook`` (the runner sets it): every Ray worker process
-    starts in the driver's working directory, so the config's relative paths mean the same
-    files. A node without that directory stays where it is, and the cluster check names it."""
-    wanted = os.environ.get(PROJECT_DIR)
-    if wanted and Path(wanted).is_dir():
-        os.chdir(wanted)
-
-
-def project_dir_problem() -> str | None:
-    """Why this worker is not in the driver's working directory (None: it is)."""
-    wanted = os.environ.get(PROJECT_DIR)
-    if not wanted or (Path(wanted).is_dir() and Path.cwd().samefile(wanted)):
-        return None
-    return (f"has no {wanted}, the driver's working directory: every node needs the project at the same path "
-            "(docs/gpu.md, 'What a cluster needs')")
-
 
 def actor_name(run_name: str, shard: int) -> str:
     """One actor per shard of a run and driver (the job id keeps two drivers apart)."""

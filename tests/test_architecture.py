@@ -173,3 +173,25 @@ def test_command_line_entry_points_live_outside_library_modules(package):
             if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
                 offenders.append(f"{path.relative_to(REPO)}: if __name__ == '__main__'")
     assert offenders == []
+
+
+def test_the_ray_worker_setup_hook_imports_nothing_of_the_library():
+    """Ray imports the hook's module in every worker process it starts, idle ones and Ray
+    Train's bookkeeping actors included (tasks/ray_setup.py): it must stay light. The hook the
+    runner sets is that module's, and importing it loads neither the library nor torch."""
+    import subprocess
+    import sys
+
+    from flows.ray_cluster import ray_runner
+    from mage.settings import load_settings
+
+    runner = ray_runner(load_settings(["flow.runner=ray"]).flow)
+    hook = runner.init_kwargs["runtime_env"]["worker_process_setup_hook"]
+    module, _, name = hook.rpartition(".")
+    check = (f"import sys, {module}\n"
+             f"assert callable({module}.{name})\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'mage', 'torch', 'transformers', 'prefect', "
+             "'polars', 'ray'}))\n")
+    done = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"{module} imports {done.stdout.strip()}"

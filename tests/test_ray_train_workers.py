@@ -10,7 +10,6 @@ tests/test_distributed_update.py holds run_update on ranks equal to the one-proc
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,9 +47,9 @@ def on_the_cluster(address: str) -> Iterator[None]:
     import ray
 
     from flows.ray_cluster import loopback_only
-    from tasks.ray_workers import NAMESPACE, PROJECT_DIR
+    from tasks.ray_setup import NAMESPACE, worker_runtime_env
 
-    runtime_env = {"env_vars": {PROJECT_DIR: os.getcwd()}, "worker_process_setup_hook": "tasks.ray_workers.enter_project_dir"}
+    runtime_env = worker_runtime_env({})
     with loopback_only():
         ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env, _node_ip_address="127.0.0.1")
         try:

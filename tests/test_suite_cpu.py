@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from suite_cpu import RECORDER, kind_of, record, tally, file_of_current_test  # noqa: E402
+from suite_cpu import RECORDER, file_of_current_test, kind_of, record, tally
 
 
 @pytest.mark.parametrize(("command", "kind"), [
@@ -23,8 +23,8 @@ from suite_cpu import RECORDER, kind_of, record, tally, file_of_current_test  # 
     ("/w/.venv/bin/python -m prefect server start --host 127.0.0.1 --port 4200", "Prefect server"),
     ("/w/.venv/bin/python -m flows train paths.artifacts=/tmp/pytest-of-root/x", "flow command"),
     ("ray::RolloutActor.play", "Ray worker"),
-    ("/w/.venv/bin/python /w/.venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py "
-     "--temp-dir=/tmp/pytest-of-root/ray", "Ray worker"),
+    (("/w/.venv/bin/python /w/.venv/lib/python3.11/site-packages/ray/_private/workers/default_worker.py "
+      "--temp-dir=/tmp/pytest-of-root/ray"), "Ray worker"),
     ("/w/.venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --node_id=x", "Ray daemon"),
     ("/w/.venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --port=1", "Ray daemon"),
     ("/w/.venv/bin/python -m dvc exp run -S train.iterations=1", "DVC"),
