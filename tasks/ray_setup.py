@@ -3,9 +3,9 @@
 Ray imports the module of ``worker_process_setup_hook`` in every worker process it starts:
 idle ones it starts ahead of work, and Ray Train's controller and bookkeeping actors among
 them. This module imports nothing heavy, so those pay for Ray alone; the workers that play or
-train import the library when they unpickle their task (``tasks.ray_workers``). The hook in
-``tasks.ray_workers`` itself cost every worker about 10 s of CPU on a 2-core machine
-(``python -X importtime -c "import tasks.ray_workers"``).
+train import the library when they unpickle their task (``tasks.ray_workers``). With the hook
+in ``tasks.ray_workers`` every worker imported torch and transformers first (BENCHMARKS.md,
+"The test suite": what that cost a worker, and the suite).
 """
 
 from __future__ import annotations
