@@ -37,7 +37,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     (r"^ray::|default_worker\.py|ray/_private/workers", "Ray worker"),
     (r"raylet|gcs_server|ray/dashboard|log_monitor|ray/autoscaler|runtime_env/agent|ray start|ray\.util\.client", "Ray daemon"),
     (r"-m dvc\b|/dvc\b", "DVC"),
-    (r"EngineCore|vllm", "vLLM"),
+    (r"(?i)EngineCore|vllm", "vLLM"),  # its processes title themselves VLLM::EngineCore, VLLM::Worker
     (r"chrom", "browser"),
     (r"scripts/run\.sh|scripts/setup\.sh|\bbash\b|\bsh -c\b", "shell"),
     (r"\bgit\b", "git"),

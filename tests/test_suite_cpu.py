@@ -29,6 +29,7 @@ from suite_cpu import RECORDER, file_of_current_test, kind_of, record, tally
     ("/w/.venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --port=1", "Ray daemon"),
     ("/w/.venv/bin/python -m dvc exp run -S train.iterations=1", "DVC"),
     ("VLLM::EngineCore", "vLLM"),
+    ("VLLM::Worker", "vLLM"),
     ("/usr/lib/chromium/chromium --headless", "browser"),
     ("/bin/sh -c exec python -m flows report", "flow command"),  # a DVC stage: its command is the flow
     ("bash scripts/run.sh -S algo=grpo", "shell"),
