@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import pyspiel
 from open_spiel.python.algorithms import best_response
-from scipy import stats
 
 from mage.opponents.base import Opponent
 
@@ -191,12 +190,16 @@ def mean_interval(samples: np.ndarray) -> tuple[float, float]:
     """Student-t confidence interval of a sample mean."""
     if len(samples) < 2 or np.all(samples == samples[0]):
         return float(samples.mean()), float(samples.mean())
+    from scipy import stats  # here: every flow and Ray worker imports this module, and few draw an interval
+
     low, high = stats.t.interval(CONFIDENCE, len(samples) - 1, loc=samples.mean(), scale=stats.sem(samples))
     return float(low), float(high)
 
 
 def proportion_interval(successes: int, n: int) -> tuple[float, float]:
     """Wilson score interval of a proportion."""
+    from scipy import stats
+
     ci = stats.binomtest(int(successes), int(n)).proportion_ci(CONFIDENCE, method="wilson")
     return float(ci.low), float(ci.high)
 
