@@ -276,13 +276,49 @@ def stop_process(process) -> None:
             process.wait()
 
 
+@pytest.fixture(scope="session")
+def migrated_prefect_db(tmp_path_factory, worker_id) -> Path:
+    """A Prefect database with every migration applied (``prefect server database upgrade``),
+    made once per test run and shared by the pytest-xdist workers, as :func:`taught_model_dir`
+    is. Migrating a new database costs a server about 20 s of CPU on a 2-core machine, and a
+    researcher's ~/.prefect is migrated once, on the first run: the tests that give a command a
+    home of its own start it from this copy (:func:`prefect_home`). The first starts of
+    tests/test_faults.py keep a bare home: they test the migration itself."""
+    import subprocess
+    import sys
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    database = shared / "prefect-migrated" / "prefect.db"
+    from filelock import FileLock
+
+    with FileLock(str(shared / "prefect-migrated.lock")):
+        if not database.is_file():
+            building = shared / f"prefect-migrated.{worker_id}"
+            building.mkdir()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
+            env |= {"PREFECT_HOME": str(building), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+            done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
+                                  capture_output=True, text=True, timeout=300, check=False)
+            assert done.returncode == 0 and (building / "prefect.db").is_file(), done.stdout + done.stderr
+            building.rename(database.parent)  # whole or absent
+    return database
+
+
+def prefect_home(directory: Path, database: Path) -> Path:
+    """``directory``, made, with a copy of :func:`migrated_prefect_db`'s ``database``: a
+    PREFECT_HOME whose server starts without migrating."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(database, directory / "prefect.db")
+    return directory
+
+
 @pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
+def prefect_server(tmp_path_factory, migrated_prefect_db):
     """``prefect server start`` on 127.0.0.1 (its own home and database), stopped afterwards.
     Yields the environment that points clients (and the UI) at it."""
     import sys
 
-    home = tmp_path_factory.mktemp("prefect-server")
+    home = prefect_home(tmp_path_factory.mktemp("prefect-server"), migrated_prefect_db)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = os.environ | {

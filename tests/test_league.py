@@ -12,7 +12,7 @@ from openskill.models import PlackettLuce
 
 from mage import io, league
 from mage.opponents import MODEL_OPPONENT
-from tests.conftest import defaults
+from conftest import defaults, prefect_home
 
 LEAGUE = dataclasses.replace(defaults().population.league, enabled=True, snapshot_every=2, max_size=2, share=0.5,
                              evict="oldest", pfsp_power=2.0)
@@ -143,7 +143,7 @@ def test_a_league_run_plays_its_snapshots_and_resumes_bitwise(tiny_model_dir, tm
 
 
 @pytest.mark.e2e
-def test_a_killed_tic_tac_toe_league_flow_resumes_with_the_same_league(tiny_model_dir, tmp_path):
+def test_a_killed_tic_tac_toe_league_flow_resumes_with_the_same_league(tiny_model_dir, tmp_path, migrated_prefect_db):
     """The README's ``+experiment=tic_tac_toe_league`` at a smoke size, a snapshot joining every
     iteration: ``python -m flows train`` SIGKILLed in iteration 2 (its rollout written, its
     checkpoint not), then started again, ends where the library's uninterrupted loop ends: the
@@ -172,7 +172,7 @@ def test_a_killed_tic_tac_toe_league_flow_resumes_with_the_same_league(tiny_mode
 
     killed = load_settings(overrides(tmp_path / "killed"))
     layout = RunLayout.of(killed)
-    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect")}
+    env = os.environ | {"PREFECT_HOME": str(prefect_home(tmp_path / "prefect", migrated_prefect_db))}
     env.pop("PREFECT_API_URL", None)  # the command's own temporary server, as a user's
     command = [sys.executable, "-m", "flows", "train", *overrides(tmp_path / "killed")]
     repo = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ from mage.backends.scripted import ScriptedBackend
 from mage.games.kuhn_poker import KuhnPoker
 from mage.opponents import MODEL_OPPONENT
 from mage.rollout import RolloutEngine, plan_meta_episodes
-from tests.conftest import defaults, rollout_config, sampling
+from conftest import defaults, rollout_config, sampling
 
 
 class Recording(ScriptedBackend):

@@ -17,6 +17,7 @@ import polars as pl
 import psutil
 import pytest
 import torch
+from conftest import prefect_home
 from test_flows import final_weights, overrides, task_runs
 
 from flows import evaluate, train
@@ -389,7 +390,8 @@ def test_a_node_that_cannot_see_the_shared_root_is_named_before_any_work(tiny_mo
     assert nothing_played(artifacts)
 
 
-def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, tmp_path, on_one_machine):
+def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, tmp_path, on_one_machine,
+                                                                 migrated_prefect_db):
     """The README's `python -m flows train flow.runner=ray ...`: no cluster address, so the
     flow starts a Ray of its own on 127.0.0.1 (and its own Prefect server) and stops both."""
     import subprocess
@@ -397,7 +399,8 @@ def test_the_command_line_on_a_local_ray_gives_the_same_weights(tiny_model_dir, 
 
     config = overrides(tiny_model_dir, tmp_path, "flow.runner=ray", "flow.rollout_shards=2")
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "RAY_ADDRESS")}
-    env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env |= {"PREFECT_HOME": str(prefect_home(tmp_path / "prefect", migrated_prefect_db)),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     done = subprocess.run([sys.executable, "-m", "flows", "train", *config], env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import process_ended
+from conftest import prefect_home, process_ended
 from test_faults import _servers_of
 
 from flows.__main__ import STOP_GRACE_SECONDS
@@ -23,11 +23,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.e2e
-def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path):
+def test_a_stop_signal_ends_the_tiny_preset_s_build_within_seconds(tmp_path, migrated_prefect_db):
     """Ctrl-C (SIGINT) during a build. One signal is enough here: both go through one handler
     (flows/__main__.py), and the pipeline's cases below send each of them."""
     signum = signal.SIGINT
     home, artifacts, err = tmp_path / "home", tmp_path / "artifacts", tmp_path / "stderr"
+    prefect_home(home, migrated_prefect_db)
     env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     with open(err, "w") as out:
@@ -93,11 +94,12 @@ DURING = [
 @pytest.mark.e2e
 @pytest.mark.parametrize(("task", "target", "seconds", "signum"), DURING, ids=[case[0] for case in DURING])
 def test_a_stop_signal_ends_the_pipeline_within_seconds_in_each_task(tiny_model_dir, tmp_path, task, target, seconds,
-                                                                     signum):
+                                                                     signum, migrated_prefect_db):
     """The pipeline, stopped by a signal to its process group while ``task`` runs: it ends as
     the build's test says, makes no more than the model call in flight (the rollout shard on its
     thread stops before its next step), and leaves no temporary file and no run lock held."""
     home, artifacts, err, marker = tmp_path / "home", tmp_path / "artifacts", tmp_path / "stderr", tmp_path / "marked"
+    prefect_home(home, migrated_prefect_db)
     env = os.environ | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
     overrides = [f"model.path={tiny_model_dir}", "model.build=null", "train.iterations=1", "engine.groups=2",
