@@ -6,6 +6,7 @@ import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # Prefect keeps its database, results and cache records under PREFECT_HOME: a fresh one per
@@ -181,24 +182,31 @@ def teach(model, tokenizer, replies: dict[str, str], steps: int) -> float:
     return loss.item()
 
 
-@pytest.fixture(scope="session")
-def taught_model_dir(tmp_path_factory, worker_id):
-    """A small model (head size 32: vLLM's CPU attention needs >= 32) trained to answer the
-    TAUGHT prompts (chat-formatted) with their replies, saved to a directory. Teaching takes
-    about a minute of a busy CPU, so the pytest-xdist workers of one run share one copy: the
-    first to get the lock builds it, the others wait and read it."""
-    if worker_id == "master":  # no xdist: this session's own directory
-        return _teach_model(tmp_path_factory.mktemp("taught-model"))
+def built_once(tmp_path_factory, worker_id: str, name: str, build: Callable[[Path], object]) -> Path:
+    """The directory ``name`` of this test run, made by ``build(directory)`` once and shared by
+    the pytest-xdist workers: the first to take the lock builds it in a directory of its own and
+    renames it into place, so it is whole or absent; the others wait for the lock and read it."""
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
-    directory = shared / "taught-model"
-    with FileLock(str(shared / "taught-model.lock")):
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # without xdist, this session's own
+    directory = shared / name
+    with FileLock(str(shared / f"{name}.lock")):
         if not directory.is_dir():
-            building = shared / f"taught-model.{worker_id}"
+            building = shared / f"{name}.{worker_id}"
+            shutil.rmtree(building, ignore_errors=True)  # a build of this worker that failed
             building.mkdir()
-            _teach_model(building).rename(directory)  # whole or absent: a failed build leaves no half model
+            build(building)
+            building.rename(directory)
     return directory
+
+
+@pytest.fixture(scope="session")
+def taught_model_dir(tmp_path_factory, worker_id) -> Path:
+    """A small model (head size 32: vLLM's CPU attention needs >= 32) trained to answer the
+    TAUGHT prompts (chat-formatted) with their replies, saved to a directory. Teaching takes
+    about a minute of a busy CPU, so the workers of one run share one copy (:func:`built_once`)."""
+    return built_once(tmp_path_factory, worker_id, "taught-model", _teach_model)
 
 
 def _teach_model(directory):
@@ -279,29 +287,22 @@ def stop_process(process) -> None:
 @pytest.fixture(scope="session")
 def migrated_prefect_db(tmp_path_factory, worker_id) -> Path:
     """A Prefect database with every migration applied (``prefect server database upgrade``),
-    made once per test run and shared by the pytest-xdist workers, as :func:`taught_model_dir`
-    is. Migrating a new database costs a server about 20 s of CPU on a 2-core machine, and a
+    made once per test run and shared by the pytest-xdist workers (:func:`built_once`).
+    Migrating a new database costs a server about 20 s of CPU on a 2-core machine, and a
     researcher's ~/.prefect is migrated once, on the first run: the tests that give a command a
     home of its own start it from this copy (:func:`prefect_home`). The first starts of
     tests/test_faults.py keep a bare home: they test the migration itself."""
     import subprocess
     import sys
 
-    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
-    database = shared / "prefect-migrated" / "prefect.db"
-    from filelock import FileLock
+    def migrate(home: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
+        env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0 and (home / "prefect.db").is_file(), done.stdout + done.stderr
 
-    with FileLock(str(shared / "prefect-migrated.lock")):
-        if not database.is_file():
-            building = shared / f"prefect-migrated.{worker_id}"
-            building.mkdir()
-            env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
-            env |= {"PREFECT_HOME": str(building), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-            done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
-                                  capture_output=True, text=True, timeout=300, check=False)
-            assert done.returncode == 0 and (building / "prefect.db").is_file(), done.stdout + done.stderr
-            building.rename(database.parent)  # whole or absent
-    return database
+    return built_once(tmp_path_factory, worker_id, "prefect-migrated", migrate) / "prefect.db"
 
 
 def prefect_home(directory: Path, database: Path) -> Path:
