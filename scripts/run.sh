@@ -37,7 +37,23 @@ except zc.lockfile.LockError:
              "experiment in another clone")
 PY
 started=$(date +%s)
+# `dvc exp run` starts by checking the workspace's outputs out of dvc.lock, by force: the output
+# of a stage that never finished is deleted, the train stage's persisted run directory with its
+# checkpoints included. So this command, run again after an interrupted one with the same
+# arguments, first finishes that experiment with `dvc repro` (params.yaml still holds its values,
+# and `persist` keeps the checkpoints it resumes from); `dvc exp run` then finds every stage done
+# and records the experiment. (Queued and temporary experiments do not run in this workspace.)
+interrupted=.dvc/tmp/mage-experiment.args
+case " $* " in
+  *" --queue "*|*" --run-all "*|*" --temp "*) interrupted=/dev/null ;;
+esac
+if [ "$interrupted" != /dev/null ] && [ -f "$interrupted" ] && [ "$(cat "$interrupted")" = "$*" ]; then
+  echo "run: the same experiment was interrupted here; finishing it (its finished stages and iterations are kept)"
+  python -m dvc repro
+fi
+[ "$interrupted" = /dev/null ] || printf '%s' "$*" > "$interrupted"
 python -m dvc exp run "$@"
+[ "$interrupted" = /dev/null ] || rm -f "$interrupted"
 report=$(python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['paths']['report'])")
 echo
 echo "lifecycle done in $(( $(date +%s) - started )) s; the report is in ${report}/:"

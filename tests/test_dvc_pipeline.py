@@ -308,19 +308,21 @@ def test_a_second_experiment_beside_a_running_one_is_refused_and_two_experiments
 
 
 @pytest.mark.e2e
-def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
-    """SIGKILL `dvc repro` in the middle of training: its stage process ends with it, and the
-    next `dvc repro` resumes from the iterations it had finished (DVC keeps the persisted run
-    directory, with its checkpoints)."""
+def test_a_killed_main_command_leaves_no_stage_running_and_resumes(clone):
+    """SIGKILL the main command's `dvc` in the middle of training: its stage process ends with
+    it, and the same command again resumes from the iterations it had finished and records the
+    experiment. (`dvc exp run` alone would not: it checks the outputs out of dvc.lock first, by
+    force, and the unfinished run directory went with them; scripts/run.sh finishes an
+    interrupted experiment with `dvc repro`, which keeps the `persist`ent run directory.)"""
     import signal
     import time
 
     import psutil
 
     root = clone["root"]
-    params = yaml.safe_load((root / "params.yaml").read_text())
-    params["train"]["iterations"] = 6  # lengthened: the train stage re-runs
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = stage_env() | {"MAGE_SKIP_SETUP": "1"}
+    main_command = ["bash", "scripts/run.sh", *[item for o in [*OVERRIDES, "train.iterations=6"] for item in ("-S", o)]]
+    params = clone["params"]  # the fixture's experiment, lengthened from 1 iteration to 6
     checkpoints = root / params["paths"]["runs"] / params["run"]["name"] / "checkpoints"
 
     def finished() -> list[str]:
@@ -329,19 +331,19 @@ def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     def latest() -> int:
         return int(finished()[-1].removeprefix("ckpt-")) if finished() else 0
 
-    log = root.parent / "killed-repro.log"
+    log = root.parent / "killed-main-command.log"
     with open(log, "w") as out:
-        repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=root, env=stage_env(), stdout=out,
-                                 stderr=out)
+        main = subprocess.Popen(main_command, cwd=root, env=env, stdout=out, stderr=out)
     deadline = time.monotonic() + 300
     while latest() < 2 and time.monotonic() < deadline:
-        assert repro.poll() is None, log.read_text()[-3000:]
+        assert main.poll() is None, log.read_text()[-3000:]
         time.sleep(0.1)
     assert latest() >= 2, f"no second iteration within 300 s:\n{log.read_text()[-3000:]}"
-    stage = [p for p in psutil.Process(repro.pid).children(recursive=True) if "flows" in p.cmdline()]
+    dvc = next(p for p in psutil.Process(main.pid).children() if "dvc" in p.cmdline())
+    stage = [p for p in dvc.children(recursive=True) if "flows" in p.cmdline()]
     at_kill = latest()
-    repro.send_signal(signal.SIGKILL)
-    repro.wait(30)
+    dvc.send_signal(signal.SIGKILL)
+    assert main.wait(30) != 0
     assert stage, "no stage process was running"
     deadline = time.monotonic() + 60
     while not all(process_ended(p) for p in stage) and time.monotonic() < deadline:  # PR_SET_PDEATHSIG ends it
@@ -353,8 +355,10 @@ def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     done = latest()
     assert done <= at_kill + 1, f"the stage trained on after dvc was killed (ckpt {at_kill} -> {done})"  # +1: in flight
     assert done < 6, "the kill came too late to test anything"
-    output = run([sys.executable, "-m", "dvc", "repro"], root)
-    assert "Running stage 'train'" in output
+    again = subprocess.run(main_command, cwd=root, env=env, capture_output=True, text=True)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-4000:]
+    assert "Running stage 'train'" in output and "Running stage 'prepare_model'" not in output
     import re
 
     updates = dict(re.findall(r"Task run 'update-(\d+)' - Finished in state (\w+)", output))
@@ -362,4 +366,6 @@ def test_a_killed_repro_leaves_no_stage_running_and_resumes(clone):
     assert updates == {str(i): "Completed" for i in range(done + 1, 7)}, output[-4000:]
     assert re.search(rf"resumed from \S+/checkpoints/ckpt-{done:05d} \(iteration {done}\)", output), output[-4000:]
     assert finished()[-1] == "ckpt-00006" and not list(checkpoints.glob(".ckpt-*"))  # done, no debris
+    shown = json.loads(run([sys.executable, "-m", "dvc", "exp", "show", "--json"], root))
+    assert '"iterations": 6' in json.dumps(shown)  # recorded as an experiment
     assert "up to date" in run([sys.executable, "-m", "dvc", "status"], root)
