@@ -10,6 +10,7 @@
 # before it meets DVC's lock, so a second one started beside a running one would change the
 # first's parameters. A second call is refused with one line: run experiments one after
 # another, or in separate clones. MAGE_SKIP_SETUP=1 uses the python on PATH as it is (the tests).
+# Killed, the same command again resumes the experiment from its newest checkpoint (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/env.sh
@@ -37,23 +38,29 @@ except zc.lockfile.LockError:
              "experiment in another clone")
 PY
 started=$(date +%s)
-# `dvc exp run` starts by checking the workspace's outputs out of dvc.lock, by force: the output
-# of a stage that never finished is deleted, the train stage's persisted run directory with its
-# checkpoints included. So this command, run again after an interrupted one with the same
-# arguments, first finishes that experiment with `dvc repro` (params.yaml still holds its values,
-# and `persist` keeps the checkpoints it resumes from); `dvc exp run` then finds every stage done
-# and records the experiment. (Queued and temporary experiments do not run in this workspace.)
+# `dvc exp run` starts by checking the workspace's outputs out of dvc.lock, by force: the train
+# stage's run directory of an experiment that never finished is put back to what the lock
+# records, or deleted where it records none, `persist` or not, and its checkpoints go with it.
+# So this command, run again after an interrupted one with the same arguments, first finishes
+# that experiment with `dvc repro` (params.yaml still holds its values, and `persist` keeps the
+# checkpoints it resumes from); `dvc exp run` then finds every stage done and records it.
+# Queued and temporary experiments do not run in this workspace: they are left out.
 interrupted=.dvc/tmp/mage-experiment.args
+in_workspace=1
 case " $* " in
-  *" --queue "*|*" --run-all "*|*" --temp "*) interrupted=/dev/null ;;
+  *" --queue "*|*" --run-all "*|*" --temp "*) in_workspace=0 ;;
 esac
-if [ "$interrupted" != /dev/null ] && [ -f "$interrupted" ] && [ "$(cat "$interrupted")" = "$*" ]; then
-  echo "run: the same experiment was interrupted here; finishing it (its finished stages and iterations are kept)"
-  python -m dvc repro
+if [ "$in_workspace" = 1 ]; then
+  if [ -f "$interrupted" ] && [ "$(cat "$interrupted")" = "$*" ]; then
+    echo "run: the same experiment was interrupted here; finishing it (its finished stages and iterations are kept)"
+    python -m dvc repro
+  fi
+  printf '%s' "$*" > "$interrupted"
 fi
-[ "$interrupted" = /dev/null ] || printf '%s' "$*" > "$interrupted"
 python -m dvc exp run "$@"
-[ "$interrupted" = /dev/null ] || rm -f "$interrupted"
+if [ "$in_workspace" = 1 ]; then
+  rm -f "$interrupted"
+fi
 report=$(python -c "import yaml; print(yaml.safe_load(open('params.yaml'))['paths']['report'])")
 echo
 echo "lifecycle done in $(( $(date +%s) - started )) s; the report is in ${report}/:"
