@@ -47,6 +47,15 @@ def stage_env() -> dict[str, str]:
     return env
 
 
+def main_command(*overrides: str) -> list[str]:
+    """The README's main command on the tests' tiny lifecycle, with ``overrides`` after it."""
+    return ["bash", "scripts/run.sh", *[item for o in [*OVERRIDES, *overrides] for item in ("-S", o)]]
+
+
+def main_command_env() -> dict[str, str]:
+    return stage_env() | {"MAGE_SKIP_SETUP": "1"}  # .venv is this test run's python (stage_env's PATH)
+
+
 def run(command: list[str], cwd: Path) -> str:
     done = subprocess.run(command, cwd=cwd, env=stage_env(), capture_output=True, text=True)
     if done.returncode != 0:
@@ -259,22 +268,21 @@ def test_a_second_experiment_beside_a_running_one_is_refused_and_two_experiments
     import zc.lockfile
 
     root = clone["root"]
-    env = stage_env() | {"MAGE_SKIP_SETUP": "1"}  # .venv is this test run's python (stage_env's PATH)
+    env = main_command_env()
 
-    def main_command(*overrides: str) -> list[str]:
-        return ["bash", "scripts/run.sh", *[item for o in [*OVERRIDES, "algo=grpo", "engine.episodes=1", *overrides]
-                                             for item in ("-S", o)]]
+    def grpo_command(*overrides: str) -> list[str]:
+        return main_command("algo=grpo", "engine.episodes=1", *overrides)
 
     pid_file = root / ".dvc" / "tmp" / "mage-experiment.pid"
     pid_file.unlink(missing_ok=True)
     log = root.parent / "first-experiment.log"
     with open(log, "w") as out:
-        first = subprocess.Popen(main_command("eval.meta_episodes=8"), cwd=root, env=env, stdout=out, stderr=out)
+        first = subprocess.Popen(grpo_command("eval.meta_episodes=8"), cwd=root, env=env, stdout=out, stderr=out)
     deadline = time.monotonic() + 60
     while not (pid_file.is_file() and pid_file.read_text().strip() == str(first.pid)) and time.monotonic() < deadline:
         assert first.poll() is None, log.read_text()[-3000:]
         time.sleep(0.05)
-    second = subprocess.run(main_command("eval.meta_episodes=12"), cwd=root, env=env, capture_output=True, text=True)
+    second = subprocess.run(grpo_command("eval.meta_episodes=12"), cwd=root, env=env, capture_output=True, text=True)
     assert first.poll() is None, "the first experiment ended before the second was tried"
     assert second.returncode == 2
     assert second.stderr.strip().splitlines() == [line for line in second.stderr.strip().splitlines()
@@ -299,7 +307,7 @@ def test_a_second_experiment_beside_a_running_one_is_refused_and_two_experiments
 
     held = zc.lockfile.LockFile(str(root / ".dvc" / "tmp" / "lock"))  # as a running `dvc repro` holds it
     try:
-        refused = subprocess.run(main_command("eval.meta_episodes=12"), cwd=root, env=env, capture_output=True,
+        refused = subprocess.run(grpo_command("eval.meta_episodes=12"), cwd=root, env=env, capture_output=True,
                                  text=True)
     finally:
         held.close()
@@ -320,8 +328,8 @@ def test_a_killed_main_command_leaves_no_stage_running_and_resumes(clone):
     import psutil
 
     root = clone["root"]
-    env = stage_env() | {"MAGE_SKIP_SETUP": "1"}
-    main_command = ["bash", "scripts/run.sh", *[item for o in [*OVERRIDES, "train.iterations=6"] for item in ("-S", o)]]
+    env = main_command_env()
+    lengthened = main_command("train.iterations=6")
     params = clone["params"]  # the fixture's experiment, lengthened from 1 iteration to 6
     checkpoints = root / params["paths"]["runs"] / params["run"]["name"] / "checkpoints"
 
@@ -333,7 +341,7 @@ def test_a_killed_main_command_leaves_no_stage_running_and_resumes(clone):
 
     log = root.parent / "killed-main-command.log"
     with open(log, "w") as out:
-        main = subprocess.Popen(main_command, cwd=root, env=env, stdout=out, stderr=out)
+        main = subprocess.Popen(lengthened, cwd=root, env=env, stdout=out, stderr=out)
     deadline = time.monotonic() + 300
     while latest() < 2 and time.monotonic() < deadline:
         assert main.poll() is None, log.read_text()[-3000:]
@@ -355,7 +363,7 @@ def test_a_killed_main_command_leaves_no_stage_running_and_resumes(clone):
     done = latest()
     assert done <= at_kill + 1, f"the stage trained on after dvc was killed (ckpt {at_kill} -> {done})"  # +1: in flight
     assert done < 6, "the kill came too late to test anything"
-    again = subprocess.run(main_command, cwd=root, env=env, capture_output=True, text=True)
+    again = subprocess.run(lengthened, cwd=root, env=env, capture_output=True, text=True)
     output = again.stdout + again.stderr
     assert again.returncode == 0, output[-4000:]
     assert "Running stage 'train'" in output and "Running stage 'prepare_model'" not in output
