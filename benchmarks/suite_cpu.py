@@ -63,9 +63,11 @@ def file_of_current_test(current_test: str | None) -> str:
     return current_test.split("::", 1)[0].strip() or "-"
 
 
-def _read(pid: int) -> tuple[int, float, str, str | None] | None:
-    """Start time (clock ticks), CPU seconds (user + system), command line and
-    PYTEST_CURRENT_TEST of ``pid``; None once it is gone."""
+def _read(pid: int) -> tuple[int, float, str, str, str | None] | None:
+    """Start time (clock ticks), CPU seconds (user + system), command line, name and
+    PYTEST_CURRENT_TEST of ``pid``; None once it is gone. The command line is "" for a process
+    that has exited and is not yet reaped (a zombie: its final CPU is still there) and for a
+    kernel thread."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         fields = stat[stat.rindex(")") + 2:].split()  # from the state on: field N of proc(5) is fields[N - 3]
@@ -79,7 +81,7 @@ def _read(pid: int) -> tuple[int, float, str, str | None] | None:
         except OSError:
             pass
         name = stat[stat.index("(") + 1:stat.rindex(")")]
-        return started, ticks / os.sysconf("SC_CLK_TCK"), command or name, current
+        return started, ticks / os.sysconf("SC_CLK_TCK"), command, name, current
     except (OSError, ValueError, IndexError):
         return None
 
@@ -104,12 +106,14 @@ def record(log: Path, command: list[str], interval: float) -> int:
             read = _read(pid)
             if read is None:
                 continue
-            start, cpu, command_line, current = read
+            start, cpu, command_line, name, current = read
             if (pid, start) in before:
                 continue
-            entry = seen.setdefault((pid, start), {"pid": pid, "command": command_line, "test": current, "cpu": cpu})
-            # the latest: an exec or a process title changes the command line
-            entry["cpu"], entry["command"] = max(entry["cpu"], cpu), command_line
+            entry = seen.setdefault((pid, start), {"pid": pid, "command": command_line or name, "test": current,
+                                                      "cpu": cpu})
+            # the latest: an exec or a process title changes the command line; a zombie has none
+            # left, and keeps the one it ran under
+            entry["cpu"], entry["command"] = max(entry["cpu"], cpu), command_line or entry["command"]
 
     started = time.monotonic()
     while child.poll() is None:

@@ -67,20 +67,30 @@ def test_a_log_is_summed_by_kind_and_by_test_file():
 
 
 def test_a_recording_holds_each_child_with_its_cpu_and_the_test_it_ran_under(tmp_path, monkeypatch):
-    """Two children of a shell that burn a second of CPU each, then sleep a second (so that a
-    sample sees their final CPU): each is found, under the PYTEST_CURRENT_TEST it inherited,
-    with its CPU (the burning second, plus the interpreter's start)."""
+    """Two children that burn a second of CPU each, then sleep a second (so that a sample sees
+    their final CPU), started by a parent that reaps them only two seconds after they have
+    exited: each is found under its own command line (not the empty one of a process exited and
+    not yet reaped), under the PYTEST_CURRENT_TEST it inherited, with its CPU (the burning
+    second, plus the interpreter's start)."""
     burner = tmp_path / "burn.py"
     burner.write_text("import time\nt = time.process_time()\nwhile time.process_time() - t < 1:\n    pass\n"
                       "time.sleep(1)\n")
+    parent = tmp_path / "parent.py"
+    parent.write_text("import os, subprocess, sys, time\n"
+                      "children = [subprocess.Popen([sys.executable, sys.argv[1]]) for _ in range(2)]\n"
+                      "# wait for both to exit without reaping them, then leave them unreaped a while\n"
+                      "for child in children:\n"
+                      "    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)\n"
+                      "time.sleep(2)\n"
+                      "sys.exit(max(child.wait() for child in children))\n")
     log = tmp_path / "cpu.jsonl"
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_x.py::test_y (call)")
-    assert record(log, ["sh", "-c", f"{sys.executable} {burner} & {sys.executable} {burner}; wait"], interval=0.1) == 0
+    assert record(log, [sys.executable, str(parent), str(burner)], interval=0.1) == 0
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     burners = [e for e in entries if e["command"] == f"{sys.executable} {burner}"]
     assert len(burners) == 2, entries
     assert all(1.0 <= e["cpu"] <= 2.0 and e["test"] == "tests/test_x.py::test_y (call)" for e in burners), burners
-    assert entries[-1]["command"] == RECORDER and entries[-1]["wall"] >= 2
+    assert entries[-1]["command"] == RECORDER and entries[-1]["wall"] >= 4
 
 
 @given(st.text())
