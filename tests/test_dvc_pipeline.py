@@ -53,7 +53,9 @@ def main_command(*overrides: str) -> list[str]:
 
 
 def main_command_env() -> dict[str, str]:
-    return stage_env() | {"MAGE_SKIP_SETUP": "1"}  # .venv is this test run's python (stage_env's PATH)
+    """The stages' environment, with the main command's setup skipped: its python is this test
+    run's (stage_env's PATH), not a .venv of the clone's."""
+    return stage_env() | {"MAGE_SKIP_SETUP": "1"}
 
 
 def run(command: list[str], cwd: Path) -> str:
