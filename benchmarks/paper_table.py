@@ -1,5 +1,6 @@
 """The shape of the paper's Table 1 at laptop scale: MAGE against LaMer, GiGPO and GRPO on
-Kuhn Poker, Tic-Tac-Toe and Sokoban, against the training and the held-out opponents.
+Kuhn Poker, Tic-Tac-Toe and Sokoban (and, with ``--games rock_paper_scissors``, the known-answer
+game), against the training and the held-out opponents.
 
 For each game one warm start (the tiny preset, built or given with ``--model-path``) and,
 for each method:
@@ -10,7 +11,9 @@ for each method:
 2. **The other seeds** at the chosen rate. The first seed's reported run is its sweep run.
 3. **Evaluation** as in the report (``mage.report``): every method and the warm start on the
    same fixed initial states (``eval.seed``), N = 3 episodes, Wilson intervals, the per-k
-   ceiling of exactly the states played, and the gain over the warm start paired by state.
+   ceiling of exactly the states played, and the gain over the warm start paired by state;
+   success by episode k per run beside the three ceilings (known opponent, memoryless,
+   adaptive) where the game has them, and ``<out>/success_by_k-<game>.png``.
 Single-episode methods (GiGPO, GRPO) train on one episode per meta-episode and three times
 the groups: MAGE's episode budget (``params/algo/grpo.yaml``). They are evaluated like the
 others, over N = 3 episodes.
@@ -22,6 +25,7 @@ opponents (``algo.grouping=mixed``) and a local anchor (``algo.anchor=local``).
     python benchmarks/paper_table.py --games kuhn_poker --algos mage grpo --seeds 0
     python benchmarks/paper_table.py --jobs 8 --threads 2 # runs in parallel (a machine with cores)
     python benchmarks/paper_table.py --smoke              # CI: the smallest setting
+    python benchmarks/paper_table.py --games rock_paper_scissors --seeds 0 1 2 --ablation-game none
 
 A finished run's result is kept (``<out>/runs/<run>.json``): the same command again resumes
 where it stopped. Prints Markdown (the tables of docs/results.md, "The paper's table at laptop
@@ -46,7 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paper_table_report import final_success, print_tables
 
-GAMES = ("kuhn_poker", "tic_tac_toe", "sokoban")
+GAMES = ("kuhn_poker", "tic_tac_toe", "sokoban", "rock_paper_scissors")
+PAPER_GAMES = GAMES[:3]  # the default invocation: the paper's Table 1
 ALGOS = ("mage", "lamer", "gigpo", "grpo")
 SINGLE_EPISODE = {"gigpo", "grpo"}
 SELECTION_SEED = 4321  # initial states of the learning-rate choice: never the reported ones (eval.seed)
@@ -75,6 +80,9 @@ SCALES = {
     "kuhn_poker": Scale(10, 16, 4, 32, 256, 128, (2e-4, 4e-4)),
     "tic_tac_toe": Scale(3, 6, 4, 32, 64, 32, (2e-4, 4e-4)),
     "sokoban": Scale(2, 6, 4, 48, 48, 24, (2e-4, 4e-4)),
+    # the known-answer game (docs/results.md, "Rock-paper-scissors"): the main command's batch and
+    # iterations, the rates of the fair Kuhn Poker comparison's range
+    "rock_paper_scissors": Scale(20, 16, 4, 32, 384, 128, (1e-4, 2e-4, 4e-4)),
 }
 # --smoke: every step of the script at the smallest size (it checks the script, not MAGE): short
 # replies, few ceiling games, and (when no warm start is given) a build of a few steps
@@ -261,7 +269,7 @@ def warm_start(args: argparse.Namespace, game: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--games", nargs="+", choices=GAMES, default=list(GAMES))
+    parser.add_argument("--games", nargs="+", choices=GAMES, default=list(PAPER_GAMES))
     parser.add_argument("--algos", nargs="+", choices=ALGOS, help=f"default: all ({SMOKE_ALGOS} with --smoke)")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: 0 1; the first one sweeps the learning rates")
     parser.add_argument("--ablation-game", choices=[*GAMES, "none"], default="kuhn_poker",

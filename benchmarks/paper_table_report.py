@@ -49,6 +49,10 @@ def figures(tables: dict[str, str], manifest: dict[str, Any], episodes: int,
                 "final_win_vs_ceiling_ci", "first_win_rate", "win_rate_gain", "win_rate_gain_ci", "invalid_rate")
         out[split] = {k: pooled[k] for k in keep}
         out[split]["per_opponent"] = {r["opponent"]: r["final_win_rate"] for r in body["opponents"] if r["opponent"] != ALL}
+        out[split]["by_k"] = [{"k": r["episode"], "pass_at_k": r["pass_at_k"], "pass_at_k_ci": r["pass_at_k_ci"],
+                               "memoryless": r.get("memoryless_ceiling"), "adaptive": r.get("adaptive_ceiling"),
+                               "known_opponent": r["pass_at_k_ceiling"]}
+                              for r in sorted(body["episodes"], key=lambda r: r["episode"]) if r["opponent"] == ALL]
         gains = next((r for r in body.get("gains", []) if r["opponent"] == ALL), None)
         if gains:
             out[split] |= {"gain_over_start": gains["final_win_rate_gain"],
@@ -122,6 +126,74 @@ def targets(game: str, table: dict[str, dict[str, Any]]) -> list[tuple[str, bool
     return found
 
 
+def print_by_k(game: str, warm: dict[str, Any], runs: list[dict[str, Any]], algos: list[str]) -> dict[str, Any]:
+    """Success by episode k (pooled over a split's opponents, 95% Wilson interval) of the warm
+    start and of every run, beside the three ceilings of the states played, per split; where the
+    game has no memoryless and adaptive ceilings, nothing."""
+    ceilings = warm["train"]["by_k"]
+    if not ceilings or ceilings[0]["adaptive"] is None:
+        return {}
+    ks = [row["k"] for row in ceilings]
+    print(f"\nSuccess by episode k on {game} (pass@k, all opponents of the split, 95% Wilson interval), beside the "
+          "three ceilings of the states played:\n")
+    print("| policy | seed | " + " | ".join(f"{SPLIT_NAMES[s].split()[0]} k={k}" for s in SPLIT_NAMES for k in ks) + " |")
+    print("|---|---|" + "---|" * (len(ks) * len(SPLIT_NAMES)))
+    rows = [("memoryless ceiling", "", {s: [r["memoryless"] for r in warm[s]["by_k"]] for s in SPLIT_NAMES}),
+            ("adaptive ceiling", "", {s: [r["adaptive"] for r in warm[s]["by_k"]] for s in SPLIT_NAMES}),
+            ("known-opponent ceiling", "", {s: [r["known_opponent"] for r in warm[s]["by_k"]] for s in SPLIT_NAMES})]
+    for name, seed, values in rows:
+        print(f"| {name} | {seed} | " + " | ".join(cell(v) for s in SPLIT_NAMES for v in values[s]) + " |")
+    out: dict[str, Any] = {"ks": ks, "ceilings": {name: values for name, _, values in rows}, "policies": []}
+    policies = [("warm start", "-", warm)] + [
+        (METHOD_NAMES[r["spec"]["algo"]], str(r["spec"]["seed"]), r["figures"])
+        for algo in algos for r in sorted((r for r in runs if r["spec"]["game"] == game and r["spec"]["algo"] == algo
+                                           and not r["spec"]["variant"]), key=lambda r: r["spec"]["seed"])]
+    for name, seed, figures_ in policies:
+        by_split = {s: {row["k"]: row for row in figures_[s]["by_k"]} for s in SPLIT_NAMES}
+        print(f"| {name} | {seed} | " + " | ".join(
+            cell(by_split[s][k]["pass_at_k"], by_split[s][k]["pass_at_k_ci"]) if k in by_split[s] else "-"
+            for s in SPLIT_NAMES for k in ks) + " |")
+        out["policies"].append({"policy": name, "seed": seed, "by_k": {s: [by_split[s].get(k) for k in ks]
+                                                                        for s in SPLIT_NAMES}})
+    return out
+
+
+def plot_by_k(path: Any, game: str, by_k: dict[str, Any]) -> None:
+    """success_by_k-<game>.png: per split, each method's pass@k (mean over its seeds) and the warm
+    start's, with the three ceilings and the value of adaptation shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mage import io
+
+    ks = by_k["ks"]
+    fig, axes = plt.subplots(1, len(SPLIT_NAMES), figsize=(6 * len(SPLIT_NAMES), 4.4), squeeze=False)
+    for ax, split in zip(axes[0], SPLIT_NAMES):
+        ceilings = {name: values[split] for name, values in by_k["ceilings"].items()}
+        ax.fill_between(ks, ceilings["memoryless ceiling"], ceilings["adaptive ceiling"], color="tab:green", alpha=0.15,
+                        label="value of adaptation")
+        for name, style in (("memoryless ceiling", "-."), ("adaptive ceiling", "-."), ("known-opponent ceiling", ":")):
+            ax.plot(ks, ceilings[name], linestyle=style, color={"memoryless ceiling": "tab:gray", "adaptive ceiling":
+                    "tab:green"}.get(name, "black"), label=name)
+        names = list(dict.fromkeys(p["policy"] for p in by_k["policies"]))
+        for index, name in enumerate(names):
+            mine = [p["by_k"][split] for p in by_k["policies"] if p["policy"] == name]
+            mean = [statistics.mean(rows[i]["pass_at_k"] for rows in mine if rows[i]) for i in range(len(ks))]
+            ax.plot(ks, mean, marker="o", linestyle="--" if name == "warm start" else "-",
+                    color=plt.get_cmap("tab10")(index), label=f"{name} ({len(mine)} seed{'s' * (len(mine) > 1)})")
+        ax.set_title(f"{game}, {SPLIT_NAMES[split]}: pass@k, mean over seeds", fontsize=9)
+        ax.set_xlabel("episode k")
+        ax.set_xticks(ks)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    io.atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
 def print_tables(args: argparse.Namespace, warm: dict[str, Any], sweep: list[dict[str, Any]],
                  chosen: dict[tuple[str, str], float], runs: list[dict[str, Any]], ablation: str | None,
                  seconds: float) -> dict[str, Any]:
@@ -188,6 +260,12 @@ def print_tables(args: argparse.Namespace, warm: dict[str, Any], sweep: list[dic
                   f"{gains} | {train['spread']:.3f} |")
         summary["games"][game] = {"warm_start": w, "methods": table, "targets": targets(game, table),
                                   "ceilings": {s: w[s]["win_ceiling_final"] for s in w}}
+
+    for game in warm:
+        by_k = print_by_k(game, warm_figures[game], main_runs, args.algos)
+        if by_k:
+            summary["games"][game]["by_k"] = by_k
+            plot_by_k(args.out / f"success_by_k-{game}.png", game, by_k)
 
     print("\nTargets (MAGE):\n")
     print("| game | target | met | figures |")

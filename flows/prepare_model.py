@@ -29,7 +29,7 @@ def prepare_model(overrides: list[str] | None = None, config_file: str | None = 
             if pooled:
                 logger().info(
                     f"warm start against the {split} opponents: final-episode win rate {pooled['final_win_rate']:.2f} "
-                    f"(ceiling {pooled['max_win_probability']:.2f}), draw rate {pooled['final_draw_rate']:.2f}, "
+                    f"(its ceiling {pooled['win_ceiling_final']:.2f}), draw rate {pooled['final_draw_rate']:.2f}, "
                     f"invalid rate {pooled['invalid_rate']:.3f} ({pooled['meta_episodes']} meta-episodes)")
     logger().info(f"model ready: {model.path} (sha256 {model.sha256[:12]})")
     return model

@@ -12,7 +12,9 @@ population manifest.
 (``dvc exp run`` composes it the same way, with its ``-S`` overrides), and ``config --docs
 docs/configuration.md`` regenerates the committed reference of every key and config group
 option (:mod:`mage.config_docs`; it documents the defaults, so it takes no overrides).
-``population`` seeds and writes the population manifest with its ceilings. ``plan`` prints the memory the
+``population`` seeds and writes the population manifest with its ceilings, and prints per split
+the three ceilings by episode k and the value of adaptation (docs/method.md, "Three ceilings
+per episode"). ``plan`` prints the memory the
 configuration plans for on its GPU, part by part (:mod:`mage.memory`), on this machine's GPU or
 on one of ``--gpu-gib`` GiB, and exits with status 2, naming the key to change, where it
 cannot fit, as a flow would refuse it. The lifecycle's own commands are the
@@ -61,10 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "plan":
         return _plan(settings, args.gpu_gib)
-    from mage.population import seed_population, write_manifest
+    from mage.population import adaptation_lines, seed_population, write_manifest
 
-    path = write_manifest(seed_population(settings), settings.paths.population_manifest)
+    manifest = seed_population(settings)
+    path = write_manifest(manifest, settings.paths.population_manifest)
     print(f"population manifest: {path}")
+    for line in adaptation_lines(manifest):
+        print(line)
     return 0
 
 

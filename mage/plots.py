@@ -73,6 +73,53 @@ def success_by_episode_figure(report: Mapping[str, Any]) -> Any:
     return _with_note(fig, evaluation_sampling(report))
 
 
+def has_adaptation_ceilings(report: Mapping[str, Any]) -> bool:
+    """Whether some split has the memoryless and adaptive ceilings (exact ones only)."""
+    return any(r["opponent"] == "all" and r.get("adaptive_ceiling") is not None
+               for body in report["splits"].values() for r in body["episodes"])
+
+
+def plot_adaptation(report: Mapping[str, Any], path: str | Path) -> Path:
+    """Success by episode k, pooled over a split's opponents, against the three ceilings: the
+    evaluated policy solid with its 95% interval, the starting policy dashed, the memoryless
+    and adaptive ceilings with the value of adaptation shaded between them, the known-opponent
+    ceiling dotted. One panel per split that has the ceilings."""
+    return _save(adaptation_figure(report), path)
+
+
+def adaptation_figure(report: Mapping[str, Any]) -> Any:
+    plt = _pyplot()
+    splits = [split for split, body in report["splits"].items()
+              if any(r["opponent"] == "all" and r.get("adaptive_ceiling") is not None for r in body["episodes"])]
+    fig, axes = plt.subplots(1, len(splits), figsize=(6 * len(splits), 4.4), squeeze=False)
+    for ax, split in zip(axes[0], splits):
+        body = report["splits"][split]
+        rows = sorted((r for r in body["episodes"] if r["opponent"] == "all"), key=lambda r: r["episode"])
+        ks = [r["episode"] for r in rows]
+        memoryless, adaptive = [r["memoryless_ceiling"] for r in rows], [r["adaptive_ceiling"] for r in rows]
+        ax.fill_between(ks, memoryless, adaptive, color="tab:green", alpha=0.15, label="value of adaptation")
+        ax.plot(ks, memoryless, color="tab:gray", linestyle="-.", label="memoryless ceiling")
+        ax.plot(ks, adaptive, color="tab:green", linestyle="-.", label="adaptive ceiling")
+        ax.plot(ks, [r["pass_at_k_ceiling"] for r in rows], color="black", linestyle=":", label="known-opponent ceiling")
+        low = [max(0.0, r["pass_at_k"] - r["pass_at_k_ci"][0]) for r in rows]
+        high = [max(0.0, r["pass_at_k_ci"][1] - r["pass_at_k"]) for r in rows]
+        ax.errorbar(ks, [r["pass_at_k"] for r in rows], yerr=[low, high], marker="o", color="tab:blue", linewidth=2.5,
+                    capsize=3, label="evaluated (95% CI)")
+        start = sorted((r for r in body.get("start", {}).get("episodes", []) if r["opponent"] == "all"),
+                       key=lambda r: r["episode"])
+        if start:
+            ax.plot([r["episode"] for r in start], [r["pass_at_k"] for r in start], color="tab:blue", linestyle="--",
+                    alpha=0.6, label="start")
+        ax.set_title(f"{split}: success by episode k (all opponents) against the three ceilings", fontsize=9)
+        ax.set_xlabel("episode k")
+        whole_numbers(ax.xaxis)
+        ax.set_ylabel("won within the first k episodes")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    return _with_note(fig, evaluation_sampling(report))
+
+
 def plot_gains(report: Mapping[str, Any], path: str | Path) -> Path:
     """Did it learn? Per opponent, the final-episode win rate (and win-or-draw rate where
     draws happen) at the start and now, with the 95% interval of the paired gain."""

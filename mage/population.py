@@ -105,10 +105,45 @@ def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, 
     }
 
 
+def across_episodes(settings: Settings, split: str) -> dict[str, dict[str, Any]]:
+    """The three ceilings per episode k (:mod:`mage.ceilings.across_episodes`) of every entry of
+    ``split``, over that split's prior (training: the shares; held out: equal weights, as
+    evaluation plays them), per seat and averaged over seats; where they cannot be computed,
+    ``{"unavailable": reason}`` for each entry."""
+    population = settings.population
+    entries = [e for e in population.entries if e.split == split]
+    if not entries:
+        return {}
+    game = checked_game(settings.game.name, settings.game.params, "game.params")
+    if any(e.game_params for e in entries) or game.num_players == 1:
+        reason = "a one-player puzzle: nothing about the counterpart is hidden" if game.num_players == 1 else \
+            "entries change the game's parameters (game_params)"
+        return {e.id: {"unavailable": reason} for e in entries}
+    equal = split != "train"
+    opponents = {e.id: (opponent_for(e), 1.0 if equal else e.share) for e in entries}
+    try:
+        per_seat = {f"seat_{seat}": ceilings.ceilings_across_episodes(game, opponents, seat, population.ceilings.episodes)
+                    for seat in range(game.num_players)}
+    except ceilings.Unavailable as error:
+        return {e.id: {"unavailable": str(error)} for e in entries}
+    weights = {"seat_0": 1.0 - population.seat_split, "seat_1": population.seat_split}
+    records = {}
+    for entry in entries:
+        record: dict[str, Any] = {"prior": "shares" if not equal else "equal", "episodes": population.ceilings.episodes}
+        for seat, kinds in per_seat.items():
+            record[seat] = {kind: figures[entry.id] for kind, figures in kinds.items()}
+        record["mean"] = {kind: [sum(weights[seat] * per_seat[seat][kind][entry.id]["value"][k] for seat in per_seat)
+                                 for k in range(population.ceilings.episodes)] for kind in ceilings.KINDS}
+        records[entry.id] = record
+    return records
+
+
 def seed_population(settings: Settings, progress: bool = True) -> dict[str, Any]:
-    """Build the population manifest: every entry with its ceilings per seat."""
+    """Build the population manifest: every entry with its ceilings per seat, and the three
+    ceilings per episode k over its split (``across_episodes``, :func:`across_episodes`)."""
     population, base_params = settings.population, settings.game.params
     seat_split, n_games, seed = population.seat_split, population.ceilings.n_games, population.ceilings.seed
+    per_k = {split: across_episodes(settings, split) for split in SPLITS}
     records = []
     for entry in tqdm(population.entries, desc="ceilings", unit="opponent", disable=not progress):
         game = entry.make_game(base_params)
@@ -120,6 +155,7 @@ def seed_population(settings: Settings, progress: bool = True) -> dict[str, Any]
             "deterministic": opponent.deterministic if opponent else True,
             "explicit_policy": opponent.explicit if opponent else True,
             "ceilings": per_seat | {"mean": _seat_mean(per_seat, seat_split)},
+            "across_episodes": per_k[entry.split][entry.id],
         }
         records.append(record)
     return {
@@ -130,6 +166,41 @@ def seed_population(settings: Settings, progress: bool = True) -> dict[str, Any]
         "seat_split": seat_split if len(seats) > 1 else 0.0,
         "opponents": records,
     }
+
+
+def split_ceilings(manifest: Mapping[str, Any], split: str) -> dict[str, list[float]] | str | None:
+    """The three ceilings per k of ``split`` pooled over its opponents with the split's prior
+    (training: shares; held out: equal) and averaged over seats: ``{kind: [pass@1, ...]}``;
+    the reason where they are unavailable; None where the split is empty."""
+    records = [o for o in manifest["opponents"] if o["split"] == split]
+    if not records:
+        return None
+    per_k = [o.get("across_episodes") or {"unavailable": "not in this manifest (seeded before they existed)"}
+             for o in records]
+    if "unavailable" in per_k[0]:
+        return per_k[0]["unavailable"]
+    weights = [o["share"] if split == "train" else 1.0 for o in records]
+    total = sum(weights)
+    return {kind: [sum(w * figures["mean"][kind][k] for w, figures in zip(weights, per_k)) / total
+                   for k in range(len(per_k[0]["mean"][kind]))] for kind in ceilings.KINDS}
+
+
+def adaptation_lines(manifest: Mapping[str, Any]) -> list[str]:
+    """Per split, the three ceilings by k and the value of adaptation, in words."""
+    lines = []
+    for split in SPLITS:
+        figures = split_ceilings(manifest, split)
+        if figures is None:
+            continue
+        if isinstance(figures, str):
+            lines.append(f"{split}: no memoryless or adaptive ceilings ({figures})")
+            continue
+        curve = lambda values: ", ".join(f"{v:.3f}" for v in values)  # noqa: E731
+        value = [a - m for a, m in zip(figures["adaptive"], figures["memoryless"])]
+        lines.append(f"{split}: pass@k for k = 1..{len(value)}: memoryless {curve(figures['memoryless'])}; adaptive "
+                     f"{curve(figures['adaptive'])}; known opponent {curve(figures['known_opponent'])}; value of "
+                     f"adaptation {', '.join(f'{v:+.3f}' for v in value)}")
+    return lines
 
 
 def _seat_mean(per_seat: Mapping[str, Mapping[str, Any]], seat_split: float) -> dict[str, float]:

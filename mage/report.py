@@ -8,10 +8,13 @@ split and per opponent (and pooled, ``all``):
 * first- and final-episode win rate, the final draw and win-or-draw rates, mean returns,
   the first-to-final gain (the exploration-exploitation gain), the invalid-action rate;
 * ceilings of what was actually played, **per k**: with early stop the final episode's
-  success is pass@N, and the ceiling of pass@k is the mean over the evaluated initial
-  states s of ``1 - (1 - p_s)^k``, p_s being s's best single-episode win probability (exact
-  per deal and seat where the manifest has it, else the seat's figure: Monte Carlo against
-  MCTS). ``final_win_vs_ceiling`` divides by the ceiling of the final episode's k;
+  success is pass@N. Three ceilings of pass@k (:mod:`mage.ceilings.across_episodes`), each the
+  mean over the evaluated initial states: the known-opponent one (``pass_at_k_ceiling``; where
+  the manifest has no curve, ``1 - (1 - p_s)^k``, p_s being s's best single-episode win
+  probability, exact per deal and seat where the manifest has it, else the seat's figure:
+  Monte Carlo against MCTS), and where they are exact, the ``memoryless`` and ``adaptive``
+  ones, whose gap is the value of adaptation. ``final_win_vs_ceiling`` divides by the
+  known-opponent ceiling of the final episode's k;
   ``final_return_vs_ceiling`` by OpenSpiel's best-response return (null below
   ``MIN_RETURN_CEILING``: a ratio to a loss or to nearly zero says nothing);
 * 95% intervals: Wilson for every rate (``<name>_ci``), a group bootstrap for mean returns
@@ -59,13 +62,28 @@ def _seat_figures(manifest: Mapping[str, Any]) -> dict[tuple[str, int], dict[str
     return figures
 
 
+def _across_episodes(manifest: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, dict[str, list[float]]]]:
+    """(opponent, seat) -> kind -> the per-initial-state pass@k curves of the three ceilings
+    across episodes, where the manifest has them (``across_episodes``)."""
+    curves = {}
+    for opponent in manifest["opponents"]:
+        for seat, kinds in (opponent.get("across_episodes") or {}).items():
+            if seat.startswith("seat_"):
+                curves[(opponent["id"], int(seat.removeprefix("seat_")))] = {
+                    kind: figures["per_initial_state"] for kind, figures in kinds.items()}
+    return curves
+
+
 def meta_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFrame:
     """Per evaluated meta-episode: ``p_win`` (its initial state's best single-episode win
-    probability), ``best_response_return`` and how ``p_win`` is known (``ceiling_method``)."""
-    from mage.ceilings import state_key
+    probability), ``best_response_return``, how ``p_win`` is known (``ceiling_method``) and,
+    where the manifest has them, the three ceilings' pass@k curves of its initial state
+    (``known_opponent``, ``memoryless``, ``adaptive``: lists over k, else null)."""
+    from mage.ceilings import KINDS, state_key
     from mage.games import InitialState, make_game
 
     figures = _seat_figures(manifest)
+    curves = _across_episodes(manifest)
     games: dict[str, Any] = {}
     rows = []
     metas = table.select(*META, "opponent", "seat", "initial_state").unique(subset=META, keep="first")
@@ -77,23 +95,40 @@ def meta_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFr
         win = seat["max_win_probability"]
         p_win, method = float(win["value"]), win["method"]
         per_state = win.get("per_initial_state")
-        if per_state:
+        mine = curves.get((meta["opponent"], meta["seat"]), {})
+        key = None
+        if per_state or mine:
             initial = InitialState.from_json(meta["initial_state"])
             game = games.setdefault(initial.game, make_game(initial.game))
             state = game.openspiel_state(initial)
             key = state_key(state) if state is not None else None
-            if key in per_state:
-                p_win, method = float(per_state[key]), "exact, per initial state"
+        if per_state and key in per_state:
+            p_win, method = float(per_state[key]), "exact, per initial state"
         rows.append({**{k: meta[k] for k in META}, "p_win": p_win, "ceiling_method": method,
-                     "best_response_return": float(seat["best_response_return"]["value"])})
+                     "best_response_return": float(seat["best_response_return"]["value"]),
+                     **{kind: mine.get(kind, {}).get(key) for kind in KINDS}})
     schema = {"run_id": pl.String, "iteration": pl.Int64, "meta_id": pl.Int64, "p_win": pl.Float64,
-              "ceiling_method": pl.String, "best_response_return": pl.Float64}
+              "ceiling_method": pl.String, "best_response_return": pl.Float64,
+              **{kind: pl.List(pl.Float64) for kind in KINDS}}
     return pl.DataFrame(rows, schema=schema)
 
 
-def pass_ceiling(p_win: np.ndarray, k: int) -> float:
-    """Ceiling of pass@k: mean over initial states of 1 - (1 - p_s)^k."""
-    return float(np.mean(1.0 - (1.0 - p_win) ** k)) if len(p_win) else float("nan")
+def ceilings_at(metas: pl.DataFrame, k: int) -> dict[str, float | None]:
+    """The three ceilings of pass@k over the meta-episodes ``metas`` (:func:`meta_ceilings`'
+    columns), each the mean over their initial states: ``known_opponent`` from its curve where
+    the manifest has one, else ``1 - (1 - p_win)^k`` (exact for an opponent that does not
+    remember); ``memoryless`` and ``adaptive`` where every meta-episode has them up to k, else
+    None."""
+    out: dict[str, float | None] = {}
+    p_win = metas["p_win"].to_numpy()
+    known = [curve[k - 1] if curve is not None and len(curve) >= k else 1.0 - (1.0 - p) ** k
+             for curve, p in zip(metas["known_opponent"].to_list(), p_win)]
+    out["known_opponent"] = float(np.mean(known)) if known else None
+    for kind in ("memoryless", "adaptive"):
+        curves = metas[kind].to_list()
+        usable = bool(curves) and all(curve is not None and len(curve) >= k for curve in curves)
+        out[kind] = float(np.mean([curve[k - 1] for curve in curves])) if usable else None
+    return out
 
 
 # -- per meta-episode ----------------------------------------------------------------------
@@ -165,10 +200,11 @@ def summarise(metas: pl.DataFrame, label: str, episodes: int, early_stop: bool) 
     calls = int(metas["play_calls"].sum())
     row["invalid_rate"], row["invalid_rate_ci"] = _rate(float(metas["invalid_calls"].sum()), calls)
     # ceilings of exactly the initial states played, per k
-    p_win = metas["p_win"].to_numpy()
     final_k = episodes if early_stop else 1
-    row["max_win_probability"] = pass_ceiling(p_win, 1)
-    row["win_ceiling_final"] = pass_ceiling(p_win, final_k)
+    row["max_win_probability"] = ceilings_at(metas, 1)["known_opponent"]
+    final = ceilings_at(metas, final_k)
+    row["win_ceiling_final"] = final["known_opponent"]
+    row["memoryless_ceiling_final"], row["adaptive_ceiling_final"] = final["memoryless"], final["adaptive"]
     row["final_win_vs_ceiling"] = _ratio(row["final_win_rate"], row["win_ceiling_final"])
     row["final_win_vs_ceiling_ci"] = (None if row["final_win_vs_ceiling"] is None else
                                       [bound / row["win_ceiling_final"] for bound in row["final_win_rate_ci"]])
@@ -193,8 +229,7 @@ def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> list[dict[s
     """Per opponent (and ``all``) and episode k: outcomes, pass@k with its interval, the
     ceiling of pass@k and the ratio, the return ratio, invalid rate."""
     metas = meta_summaries(table, manifest)
-    p_wins = {name: frame["p_win"].to_numpy() for (name,), frame in metas.group_by("opponent")}
-    p_wins[ALL] = metas["p_win"].to_numpy()
+    by_opponent = {name: frame for (name,), frame in metas.group_by("opponent")} | {ALL: metas}
     returns = {name: float(frame["best_response_return"].mean()) for (name,), frame in metas.group_by("opponent")}
     returns[ALL] = float(metas["best_response_return"].mean())
     rows = []
@@ -203,7 +238,9 @@ def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> list[dict[s
         wins = round(row["pass_at_k"] * row["meta_episodes"])
         row["pass_at_k_ci"] = list(wilson(wins, row["meta_episodes"]) or ())
         row["win_rate_ci"] = list(wilson(round(row["win_rate"] * row["played"]), row["played"]) or ())
-        row["pass_at_k_ceiling"] = pass_ceiling(p_wins[name], k)
+        bounds = ceilings_at(by_opponent[name], k)
+        row["pass_at_k_ceiling"] = bounds["known_opponent"]
+        row["memoryless_ceiling"], row["adaptive_ceiling"] = bounds["memoryless"], bounds["adaptive"]
         row["pass_at_k_vs_ceiling"] = _ratio(row["pass_at_k"], row["pass_at_k_ceiling"])
         row["best_response_return"] = returns[name]
         row["return_vs_ceiling"] = _ratio(row["mean_return"], returns[name], MIN_RETURN_CEILING)
@@ -354,9 +391,12 @@ def write_report(report: Mapping[str, Any], directory: str | Path, plots: bool =
         "markdown": io.write_text(directory / "report.md", to_markdown(report)),
     }
     if plots:
-        from mage.plots import plot_gains, plot_learning_curves, plot_success_by_episode
+        from mage.plots import (has_adaptation_ceilings, plot_adaptation, plot_gains, plot_learning_curves,
+                                plot_success_by_episode)
 
         written["success_by_episode"] = plot_success_by_episode(report, directory / "success_by_episode.png")
+        if has_adaptation_ceilings(report):
+            written["adaptation"] = plot_adaptation(report, directory / "adaptation.png")
         if any("gains" in body for body in report["splits"].values()):
             written["gains"] = plot_gains(report, directory / "gains.png")
         if history:

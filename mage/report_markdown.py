@@ -70,6 +70,25 @@ def _episodes(split: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
         for r in rows))
 
 
+def _adaptation(split: str, body: Mapping[str, Any]) -> list[str]:
+    """Pooled success by k beside the three ceilings (where the memoryless and adaptive ones
+    are exact), the starting policy's too: is the policy using what earlier episodes showed?"""
+    rows = [r for r in body["episodes"] if r["opponent"] == "all" and r.get("adaptive_ceiling") is not None]
+    if not rows:
+        return []
+    start = {r["episode"]: r for r in body.get("start", {}).get("episodes", []) if r["opponent"] == "all"}
+    columns = ("k", "pass@k [95% CI]", "start", "memoryless ceiling", "adaptive ceiling",
+               "value of adaptation", "known-opponent ceiling")
+    return _table(f"{split} opponents: success by episode k against the three ceilings", columns, (
+        (fmt(r["episode"]), with_ci(r["pass_at_k"], r["pass_at_k_ci"]),
+         fmt(start[r["episode"]]["pass_at_k"]) if r["episode"] in start else "-", fmt(r["memoryless_ceiling"]),
+         fmt(r["adaptive_ceiling"]), fmt(r["adaptive_ceiling"] - r["memoryless_ceiling"], signed=True),
+         fmt(r["pass_at_k_ceiling"]))
+        for r in rows)) + ["", ("Above the memoryless ceiling, beyond its interval, a policy uses what earlier episodes "
+                               "revealed: no policy that ignores them can get there (docs/method.md, \"Three ceilings "
+                               "per episode\").")]
+
+
 def _exploitability(sides: Mapping[str, Mapping[str, Any]], start: str) -> list[str]:
     """Kuhn Poker: each side's exploitability, then its policy per information state."""
     names = {"policy": "the evaluated policy", "start": start}
@@ -120,6 +139,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         lines += _opponents(split, body["opponents"], "the evaluated policy")
         if "start" in body:
             lines += _opponents(split, body["start"]["opponents"], compared_with or "the starting policy")
+        lines += _adaptation(split, body)
         lines += _episodes(split, body["episodes"])
     if report.get("league"):
         lines += _table(f"The league after iteration {report['league'][0]['iteration']} (openskill ratings)",
@@ -130,7 +150,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         lines += _exploitability(report["exploitability"], compared_with or "the starting policy")
     lines += ["", "Intervals are 95%: Wilson for rates, a bootstrap over initial states for returns and gains. "
               "Ceilings are of the initial states played: the first episode's is the best single-episode win "
-              "probability p; with early stop the final episode's success is pass@N, whose ceiling is the mean of "
-              "1 - (1 - p)^N. Monte-Carlo ceilings (MCTS) are lower bounds. `return / ceiling` divides by "
+              "probability p of a player who knows the opponent; with early stop the final episode's success is "
+              "pass@N, whose ceiling is the mean of 1 - (1 - p)^N against an opponent that does not remember what "
+              "earlier episodes showed. Monte-Carlo ceilings (MCTS) are lower bounds. `return / ceiling` divides by "
               "OpenSpiel's best-response return, where that is at least 0.1."]
     return "\n".join(lines) + "\n"

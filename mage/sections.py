@@ -73,7 +73,7 @@ class SamplingSettings:
 
 
 # -- the engine -----------------------------------------------------------------------------
-ContextMode = Literal["reflection_only", "history_only", "history_and_reflection"]
+ContextMode = Literal["reflection_only", "history_only", "history_and_reflection", "none"]
 OverflowRule = Literal["error", "drop_oldest"]
 CONTEXT_MODES: tuple[str, ...] = get_args(ContextMode)
 OVERFLOW_RULES: tuple[str, ...] = get_args(OverflowRule)
@@ -407,6 +407,8 @@ class CeilingSettings:
 
     n_games: Annotated[int, Field(ge=1, le=1_000_000)]  # games per Monte-Carlo ceiling estimate
     seed: NonNegativeInt  # seeds those games
+    # the ceilings across episodes (known opponent, memoryless, adaptive) for k = 1..episodes
+    episodes: Annotated[int, Field(ge=1, le=100)]
 
 
 @validated_dataclass(frozen=True)

@@ -27,7 +27,10 @@ SMOKE = [
     "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=8", "eval.meta_episodes=2",
     "eval.episodes=2", "eval.sampling.max_new_tokens=8",
 ]
-WARM_START = {"kuhn_poker": "timid", "tic_tac_toe": "beginner", "sokoban": "wanderer"}
+WARM_START = {"kuhn_poker": "timid", "tic_tac_toe": "beginner", "sokoban": "wanderer", "rock_paper_scissors": "random"}
+#: the games whose populations have exact memoryless and adaptive ceilings (docs/method.md, "Three
+#: ceilings per episode"): their report has them for every k; the others' have none
+ADAPTATION_CEILINGS = {"kuhn_poker", "rock_paper_scissors"}
 FIELDS = ("meta_episodes", "first_win_rate", "final_win_rate", "win_rate_gain", "final_mean_return",
           "max_win_probability", "invalid_rate")
 
@@ -118,6 +121,10 @@ def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp
             assert 0.0 <= row["max_win_probability"] <= 1.0
             # the ratio to the ceiling is there unless the evaluated states cannot be won at all
             assert (row["final_win_vs_ceiling"] is None) == (row["max_win_probability"] == 0.0)
+        for row in report["splits"][split]["episodes"]:
+            bounds = [row["memoryless_ceiling"], row["adaptive_ceiling"], row["pass_at_k_ceiling"]]
+            assert (None not in bounds) == (game in ADAPTATION_CEILINGS), row
+            assert row["pass_at_k_ceiling"] is not None and 0.0 <= row["pass_at_k_ceiling"] <= 1.0
         # the starting policy was evaluated on the same initial states, and compared per opponent
         gains = {row["opponent"]: row for row in report["splits"][split]["gains"]}
         assert set(gains) == set(rows) and all(row["pairs"] == rows[name]["meta_episodes"] for name, row in gains.items())

@@ -97,7 +97,7 @@ def test_cfr_opponents_follow_openspiel_cfr():
 def test_unknown_names_list_the_known_ones():
     with pytest.raises(ValueError, match=r"known opponents: \['aggressive', 'bluffer'"):
         make("kuhn_poker", "shark")
-    with pytest.raises(ValueError, match=r"known games: \['kuhn_poker', 'sokoban', 'tic_tac_toe'\]"):
+    with pytest.raises(ValueError, match=r"known games: \['kuhn_poker', 'rock_paper_scissors', 'sokoban', 'tic_tac_toe'\]"):
         make("chess", "random")
     with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['depth'\]"):
         make("kuhn_poker", "cfr", depth=3)

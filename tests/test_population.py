@@ -48,7 +48,7 @@ def test_bad_populations_are_rejected_with_the_key(overrides, message):
         population_entries(compose(["game=kuhn_poker", *overrides]))
 
 
-@pytest.mark.parametrize(("game", "seats"), [("kuhn_poker", 2), ("tic_tac_toe", 2), ("sokoban", 1)])
+@pytest.mark.parametrize(("game", "seats"), [("kuhn_poker", 2), ("tic_tac_toe", 2), ("sokoban", 1), ("rock_paper_scissors", 2)])
 def test_seating_follows_the_game(game, seats):
     settings = load_settings([f"game={game}", "population.seat_split=0.25"])
     assert (settings.population.seat_split, settings.game.num_players) == (0.25, seats)
@@ -94,6 +94,39 @@ def test_kuhn_manifest(tmp_path):
     assert again.read_bytes() == path.read_bytes()
 
 
+def test_rock_paper_scissors_manifest_holds_the_three_ceilings_per_k():
+    from mage.population import adaptation_lines, split_ceilings
+
+    manifest = seed_population(load_settings(["game=rock_paper_scissors"]), progress=False)
+    by_id = {o["id"]: o for o in manifest["opponents"]}
+    assert {i for i, o in by_id.items() if o["split"] == "train"} == {"always_rock", "always_paper", "always_scissors"}
+    rock = by_id["always_rock"]["across_episodes"]
+    assert rock["prior"] == "shares" and rock["episodes"] == 3 and by_id["beats_your_last"]["across_episodes"]["prior"] == "equal"
+    # the one initial state (nothing is dealt), its key OpenSpiel's empty history
+    assert rock["seat_1"]["known_opponent"] == {"value": [1.0, 1.0, 1.0], "per_initial_state": {"": [1.0, 1.0, 1.0]}}
+    # by hand: 1/3, 2/3, 1 without using what episode 1 showed; 1/3, 1, 1 using it (docs/games.md)
+    train = split_ceilings(manifest, "train")
+    assert train["memoryless"] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert train["adaptive"] == pytest.approx([1 / 3, 1.0, 1.0])
+    # a known biased player is beaten by what beats its favourite, 0.7 an episode
+    assert by_id["mostly_rock"]["across_episodes"]["mean"]["known_opponent"] == pytest.approx([0.7, 0.91, 0.973])
+    assert adaptation_lines(manifest)[0] == (
+        "train: pass@k for k = 1..3: memoryless 0.333, 0.667, 1.000; adaptive 0.333, 1.000, 1.000; known opponent "
+        "1.000, 1.000, 1.000; value of adaptation +0.000, +0.333, +0.000")
+    # the single-episode ceiling sees the moves as the rules show them: in seat 2 the opponent's
+    # choice is made already, and stays hidden (a player who saw it would always win)
+    assert by_id["mostly_rock"]["ceilings"]["seat_1"]["max_win_probability"]["value"] == pytest.approx(0.7)
+
+
+def test_the_three_ceilings_say_why_they_are_missing():
+    from mage.population import split_ceilings
+
+    sokoban = seed_population(load_settings(["game=sokoban"]), progress=False)
+    assert "one-player puzzle" in split_ceilings(sokoban, "train")
+    assert split_ceilings({"opponents": [{"split": "train", "share": 1.0}]}, "train").startswith("not in this manifest")
+    assert split_ceilings({"opponents": []}, "held_out") is None
+
+
 def test_tic_tac_toe_manifest_labels_monte_carlo_ceilings():
     cfg = load_settings([
         "game=tic_tac_toe",
@@ -109,6 +142,10 @@ def test_tic_tac_toe_manifest_labels_monte_carlo_ceilings():
     assert not by_id["mcts_100"]["explicit_policy"]
     assert by_id["minimax"]["ceilings"]["mean"]["max_win_probability"] == 0.0
     assert by_id["pattern_reading_order"]["deterministic"]
+    # the training split has an MCTS player, which can only be sampled; the held-out one (no MCTS
+    # here) is refused before any search: an episode of Tic-Tac-Toe has 550,000 states
+    assert "mcts_100 has no explicit policy" in by_id["mcts_100"]["across_episodes"]["unavailable"]
+    assert "more than 20,000 states" in by_id["minimax"]["across_episodes"]["unavailable"]
 
 
 def test_sokoban_manifest():

@@ -136,6 +136,50 @@ def test_per_episode_table_by_hand():
     assert episodes[("A", 2)]["pass_at_k_ci"] == pytest.approx(wilson_by_scipy(1, 2))
 
 
+def with_curves(manifest, curves):
+    """``manifest`` with the three ceilings across episodes of ``curves``: (opponent, seat) ->
+    kind -> {state key: [pass@1, pass@2, pass@3]}."""
+    opponents = []
+    for opponent in manifest["opponents"]:
+        mine = {f"seat_{s}": {kind: {"value": [], "per_initial_state": states} for kind, states in kinds.items()}
+                for (name, s), kinds in curves.items() if name == opponent["id"]}
+        opponents.append(opponent | {"across_episodes": mine})
+    return {"opponents": opponents}
+
+
+def test_the_three_ceilings_per_k_by_hand():
+    # A remembers the agent's earlier episodes (its known-opponent curve is not 1 - (1 - p)^k), B does
+    # not and has a curve only for memoryless and adaptive: its known-opponent ceiling stays the formula.
+    manifest = with_curves(MANIFEST, {
+        ("A", 0): {"known_opponent": {"0, 1": [0.5, 1.0, 1.0]}, "memoryless": {"0, 1": [0.2, 0.4, 0.6]},
+                   "adaptive": {"0, 1": [0.2, 0.9, 1.0]}},
+        ("A", 1): {"known_opponent": {"2, 0": [0.3, 0.8, 0.9]}, "memoryless": {"2, 0": [0.1, 0.2, 0.3]},
+                   "adaptive": {"2, 0": [0.1, 0.5, 0.7]}},
+        ("B", 0): {"memoryless": {"1, 2": [0.0, 0.5, 0.5]}, "adaptive": {"1, 2": [0.0, 0.5, 0.75]}},
+    })
+    report = build_report({"train": TABLE}, manifest, {}, episodes=3)
+    episodes = {(r["opponent"], r["episode"]): r for r in report["splits"]["train"]["episodes"]}
+    assert [episodes[("A", k)]["pass_at_k_ceiling"] for k in (1, 2, 3)] == pytest.approx([0.4, 0.9, 0.95])
+    assert [episodes[("A", k)]["memoryless_ceiling"] for k in (1, 2, 3)] == pytest.approx([0.15, 0.3, 0.45])
+    assert [episodes[("A", k)]["adaptive_ceiling"] for k in (1, 2, 3)] == pytest.approx([0.15, 0.7, 0.85])
+    assert [episodes[("B", k)]["pass_at_k_ceiling"] for k in (1, 2, 3)] == pytest.approx([0.4, 0.64, 0.784])
+    assert [episodes[("all", k)]["adaptive_ceiling"] for k in (1, 2, 3)] == pytest.approx(
+        [(0.2 + 0.1 + 0.0) / 3, (0.9 + 0.5 + 0.5) / 3, (1.0 + 0.7 + 0.75) / 3])
+    pooled = next(r for r in report["splits"]["train"]["opponents"] if r["opponent"] == "all")
+    assert pooled["memoryless_ceiling_final"] == pytest.approx((0.6 + 0.3 + 0.5) / 3)
+    assert pooled["win_ceiling_final"] == pytest.approx((1.0 + 0.9 + 0.784) / 3)
+    # a meta-episode without curves (the manifest has none for B in seat 1, or k past them) leaves none
+    without = with_curves(MANIFEST, {("A", 0): {"memoryless": {"0, 1": [0.2]}, "adaptive": {"0, 1": [0.2]}}})
+    rows = build_report({"train": TABLE}, without, {}, episodes=3)["splits"]["train"]["episodes"]
+    assert all(r["memoryless_ceiling"] is None for r in rows if r["opponent"] != "A" or r["episode"] > 1)
+    markdown = to_markdown(report)
+    assert "## train opponents: success by episode k against the three ceilings" in markdown
+    # k = 2: memoryless (0.4 + 0.2 + 0.5) / 3, adaptive (0.9 + 0.5 + 0.5) / 3, known (1.0 + 0.8 + 0.64) / 3
+    assert "| 2 | 0.33 [0.06, 0.79] | - | 0.37 | 0.63 | +0.27 | 0.81 |" in markdown
+    assert "success by episode k against the three ceilings" not in to_markdown(
+        build_report({"train": TABLE}, MANIFEST, {}, episodes=3))
+
+
 def start_of(table):
     """The starting policy on the same initial states: every meta-episode loses all three episodes."""
     rows = []
@@ -195,6 +239,7 @@ def test_written_report_files(tmp_path):
     assert "| A | 2 | 0.00 | 1.00 | +1.00 [+1.00, +1.00] |" in markdown  # start, now, gain [CI]
     for name in ("success_by_episode", "learning_curves", "gains"):
         assert written[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "adaptation" not in written  # no memoryless or adaptive ceilings in this manifest
     assert to_markdown(report).startswith("# Evaluation report: ckpt-00003")
 
 

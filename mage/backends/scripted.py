@@ -3,8 +3,9 @@
 It drives the rollout engine in tests and demonstrations, and writes the transcripts the
 tiny preset's behaviour-cloning warm start learns from. For a play request it asks its
 ``rule`` for a move in the live episode (``request.context``) and answers
-``<action>name</action>``; for a reflection it answers ``<remark>...</remark>`` with a
-short plan derived from the finished episode. ``invalid_rate`` makes it answer with a
+``<action>name</action>``; for a reflection it answers ``<remark>...</remark>``: the outcome,
+both players' moves and a short plan (the game's :meth:`~mage.games.base.Game.reflection_plan`
+where it has one). The plan is written, never followed: the rule plays as it would anyway. ``invalid_rate`` makes it answer with a
 malformed reply now and then, so invalid-action handling can be exercised.
 
 A rule (:func:`make_rule`) is named in config as a string, or as a mapping ``{rule: name,
@@ -16,7 +17,9 @@ A rule (:func:`make_rule`) is named in config as a string, or as a mapping ``{ru
 * Sokoban: ``solver`` (the next moves of an optimal solution) and ``wanderer`` (each move
   is the solver's with probability ``solver_probability``, else a random direction: it
   solves short levels and wanders on long ones). ``{rule: wanderer, look_around: true}``
-  first writes the 3x3 cells around the player inside ``<think>`` (:func:`surroundings`).
+  first writes the 3x3 cells around the player inside ``<think>`` (:func:`surroundings`);
+* any of these with ``recall: true`` (``{rule: random, recall: true}``) first thinks the plan of
+  the last reflection in the prompt, and then plays as it would anyway (:class:`RecallRule`).
 
 A Python callable ``episode -> actions`` is accepted as well (tests use it).
 """
@@ -83,7 +86,7 @@ class WandererRule:
         self.solver_probability = float(solver_probability)
         self.look_around = look_around
 
-    def thought(self, episode: Any) -> str | None:
+    def thought(self, episode: Any, prompt: str) -> str | None:
         """What the reply thinks before its moves, from the position they start from."""
         return surroundings(episode.level) if self.look_around else None
 
@@ -128,6 +131,36 @@ def _policy_rule(policy: Any) -> Rule:
 
 SOKOBAN_RULES: dict[str, Callable[..., Rule]] = {"solver": lambda: solver_rule, "wanderer": WandererRule}
 
+#: How a reflection states its plan: the scripted reflections' ``Next time: <plan>.``
+PLAN_MARK = "Next time: "
+NO_PLAN = "No plan yet."
+
+
+def last_plan(prompt: str) -> str:
+    """The plan of the last reflection a prompt shows (its ``Your reflection:`` line's ``Next
+    time:`` sentence), or :data:`NO_PLAN` where it shows none."""
+    reflections = [line for line in prompt.splitlines() if line.startswith("Your reflection: ")]
+    if not reflections or PLAN_MARK not in reflections[-1]:
+        return NO_PLAN
+    return "My plan: " + reflections[-1].split(PLAN_MARK, 1)[1].strip()
+
+
+class RecallRule:
+    """Another rule's moves, after a thought that recalls the plan of the last reflection in
+    the prompt (:func:`last_plan`): ``<think>My plan: play scissors, which beats paper.</think>``.
+    The moves ignore the plan: a player that brings what it wrote to the point of its decision,
+    and does not act on it (``{rule: <name>, recall: true}``; the tiny rock-paper-scissors warm
+    start). A model cloned on it has what an earlier episode showed a few tokens before its move."""
+
+    def __init__(self, inner: Rule) -> None:
+        self.inner = inner
+
+    def thought(self, episode: Any, prompt: str) -> str:
+        return last_plan(prompt)
+
+    def __call__(self, episode: Any, rng: np.random.Generator) -> list[int]:
+        return self.inner(episode, rng)
+
 
 def make_rule(game_name: str, spec: str | Mapping[str, Any]) -> Rule:
     """The rule ``spec`` names (see the module docstring); unknown names and parameters raise
@@ -135,8 +168,12 @@ def make_rule(game_name: str, spec: str | Mapping[str, Any]) -> Rule:
     from mage.opponents import REGISTRY, make
 
     if isinstance(spec, Mapping):
-        params = {k: v for k, v in spec.items() if k != "rule"}
+        params = {k: v for k, v in spec.items() if k not in ("rule", "recall")}
         name = spec.get("rule")
+        if spec.get("recall", False):
+            if spec["recall"] is not True:
+                raise ValueError(f"scripted rule {name!r}: recall must be true or false, got {spec['recall']!r}")
+            return RecallRule(make_rule(game_name, {"rule": name, **params}))
     else:
         name, params = spec, {}
     if not isinstance(name, str):
@@ -192,10 +229,10 @@ class ScriptedBackend(Backend):
         rule = self.rule
         return lambda episode, rng: list(rule(episode))
 
-    def _play(self, episode: Any) -> str:
+    def _play(self, episode: Any, prompt: str) -> str:
         rule = self._rule_for(episode)
         # the rule's own thought (before its moves are applied), else the fixed one of `think`
-        own = rule.thought(episode) if hasattr(rule, "thought") else None
+        own = rule.thought(episode, prompt) if hasattr(rule, "thought") else None
         moves = ", ".join(_move_names(episode, rule(episode, self.rng)))
         if own is not None:
             return f"<think>{own}</think><action>{moves}</action>"
@@ -210,7 +247,8 @@ class ScriptedBackend(Backend):
         if episode.game.num_players == 1:  # no opponent: the moves, and the plan for the level
             plan = "keep the same moves" if outcome == "win" else "try a different order of pushes"
             return f"<remark>Result: {outcome}. I moved {', '.join(mine) or 'nowhere'}. Next time: {plan}.</remark>"
-        plan = "keep the same plan" if outcome == "win" else "try a different line against this opponent"
+        plan = episode.game.reflection_plan(episode) or (
+            "keep the same plan" if outcome == "win" else "try a different line against this opponent")
         return (
             f"<remark>Result: {outcome}. I played {', '.join(mine) or 'nothing'}; the opponent played "
             f"{', '.join(theirs) or 'nothing'}. Next time: {plan}.</remark>"
@@ -228,7 +266,7 @@ class ScriptedBackend(Backend):
             elif request.phase == "reflect":
                 text = self._reflect(episode)
             else:
-                text = self._play(episode)
+                text = self._play(episode, request.prompt)
             results.append(self._generation(request.prompt, text))
         return results
 

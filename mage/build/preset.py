@@ -36,9 +36,10 @@ from mage.backends.hf import HFBackend
 from mage.build.tiny import (WARM_START_ROLLOUT, check_round_trip, random_model, rule_name, scripted_tables,
                              train_tokenizer)
 from mage.evaluation import evaluate
-from mage.games import GAMES, make_game
+from mage.games import make_game
 from mage.population import load_manifest, seed_population
-from mage.report import per_opponent
+from mage.report import per_episode, per_opponent
+from mage.rollout.metrics import ALL
 from mage.sections import SPLITS, EvalConfig, TinyBuild
 from mage.settings import Settings, load_settings
 from mage.tensors import resolve_device
@@ -57,11 +58,23 @@ def say_nothing(_: str) -> None:
     """The default :data:`Say`: a notebook's build shows its tqdm bars instead."""
 
 
-def corpus(build: TinyBuild, progress: bool) -> list[str]:
-    """Prompts and replies of scripted players of every game: the tokenizer's training text
-    (one tokenizer covers all games, so every game's text encodes compactly)."""
+#: The games whose text every tiny tokenizer is trained on (one tokenizer covers them all, so each
+#: one's text encodes compactly), as every recorded run's was. A game outside it adds its own text
+#: to its own preset's tokenizer (:func:`tokenizer_games`): a new game leaves the presets of the
+#: others as they were built.
+TOKENIZER_GAMES = ("kuhn_poker", "tic_tac_toe", "sokoban")
+
+
+def tokenizer_games(game: str | None) -> tuple[str, ...]:
+    """The games whose text the tokenizer of ``game``'s preset is trained on."""
+    return TOKENIZER_GAMES if game is None or game in TOKENIZER_GAMES else (*TOKENIZER_GAMES, game)
+
+
+def corpus(build: TinyBuild, progress: bool, game: str | None = None) -> list[str]:
+    """Prompts and replies of scripted players of :func:`tokenizer_games`: the tokenizer's
+    training text."""
     texts = []
-    for game in GAMES:
+    for game in tokenizer_games(game):
         rules = ["random"] + (["solver"] if game == "sokoban" else [])
         table = scripted_tables(load_settings([f"game={game}"]), rules, build.corpus_meta_episodes, build.seed, progress)
         texts += table["prompt"].unique().to_list() + table["response"].unique().to_list()
@@ -205,13 +218,38 @@ def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str
                          rollout=WARM_START_ROLLOUT)
         rows = per_opponent(table, manifest, cfg.episodes, cfg.early_stop)
         out[split] = {row["opponent"]: {key: _rounded(row.get(key)) for key in CHECK_FIELDS} for row in rows}
+        # pooled success by k beside the three ceilings (docs/method.md, "Three ceilings per episode")
+        out.setdefault("by_k", {})[split] = [{key: _rounded(row.get(key)) for key in BY_K_FIELDS}
+                                             for row in per_episode(table, manifest) if row["opponent"] == ALL]
         reflect = table.filter(pl.col("phase") == "reflect")
         out[split]["all"]["reflection_validity"] = _rounded(float(reflect["valid"].mean())) if reflect.height else None
+        out[split]["all"]["reflection_states_the_moves"] = _rounded(reflections_state_the_moves(reflect))
     return out
 
 
+def reflections_state_the_moves(reflections: pl.DataFrame) -> float | None:
+    """The share of reflections that state both players' moves as the episode that just ended
+    shows them, in the scripted player's words (``I played X; the opponent played Y.``,
+    :mod:`mage.backends.scripted`): does the warm start read the episode it reflects on, or
+    write the sentence's shape with any moves in it? None without reflections or an opponent."""
+    stated = []
+    for prompt, response in zip(reflections["prompt"].to_list(), reflections["response"].to_list()):
+        ended = prompt.rsplit("just ended\nMoves:\n", 1)
+        if len(ended) < 2:
+            continue
+        moves = [line.split(". ", 1)[1] for line in ended[1].split("\nResult: ", 1)[0].splitlines() if ". " in line]
+        mine = [m.removeprefix("You: ") for m in moves if m.startswith("You: ")]
+        theirs = [m.removeprefix("Opponent: ") for m in moves if m.startswith("Opponent: ")]
+        if not theirs:  # a puzzle, or an episode the opponent never moved in
+            continue
+        stated.append(f"I played {', '.join(mine) or 'nothing'}; the opponent played {', '.join(theirs)}." in response)
+    return sum(stated) / len(stated) if stated else None
+
+
 CHECK_FIELDS = ("meta_episodes", "first_win_rate", "final_win_rate", "final_draw_rate", "final_mean_return",
-                "max_win_probability", "win_ceiling_final", "final_win_vs_ceiling", "invalid_rate")
+                "max_win_probability", "win_ceiling_final", "final_win_vs_ceiling", "memoryless_ceiling_final",
+                "adaptive_ceiling_final", "invalid_rate")
+BY_K_FIELDS = ("episode", "pass_at_k", "memoryless_ceiling", "adaptive_ceiling", "pass_at_k_ceiling")
 
 
 def _rounded(value: Any) -> Any:
@@ -250,11 +288,12 @@ def build_differences(directory: str | Path, build: TinyBuild) -> dict[str, tupl
     return {key: (built[key], asked[key]) for key in sorted(set(built) & set(asked)) if built[key] != asked[key]}
 
 
-def fresh_model(build: TinyBuild, progress: bool = False) -> tuple[Any, Any, list[str]]:
-    """The preset's tokenizer, trained on the games' text, and its model drawn from
-    ``build.seed``, before any cloning; and the text the tokenizer was trained on."""
-    texts = corpus(build, progress)
-    whole = [name for game in GAMES for name in make_game(game).action_names]
+def fresh_model(build: TinyBuild, progress: bool = False, game: str | None = None) -> tuple[Any, Any, list[str]]:
+    """The tokenizer of ``game``'s preset, trained on the games' text (:func:`tokenizer_games`),
+    and its model drawn from ``build.seed``, before any cloning; and the text the tokenizer was
+    trained on."""
+    texts = corpus(build, progress, game)
+    whole = [name for name_of_game in tokenizer_games(game) for name in make_game(name_of_game).action_names]
     tokenizer = train_tokenizer(texts, vocab_size=build.vocab_size, whole=whole)
     model = random_model(
         tokenizer,
@@ -284,7 +323,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
     started = time.perf_counter()
     say(f"building the tiny preset {model_cfg.name!r} for {settings.game.name} into {out_dir}: "
         "tokenizer and model, behaviour cloning, the warm start's check")
-    tokenizer, model, texts = fresh_model(build, progress)
+    tokenizer, model, texts = fresh_model(build, progress, settings.game.name)
     model.to(resolve_device(model_cfg.device))
     built = time.perf_counter()
     parameters = sum(p.numel() for p in model.parameters())
@@ -305,7 +344,7 @@ def build_tiny(settings: Settings, out_dir: str | Path | None = None, progress: 
         "device": str(model.device),  # where it was cloned: CPU and GPU builds differ in the last bits
         "parameters": parameters,
         "vocab_size": len(tokenizer),
-        "tokenizer_games": sorted(GAMES),
+        "tokenizer_games": sorted(tokenizer_games(settings.game.name)),
         "bc_calls": bc_table.height,
         "bc_loss_first": losses[0] if losses else None,
         "bc_loss_last": float(np.mean(losses[-10:])) if losses else None,

@@ -1,4 +1,5 @@
-"""Games: ``make_game(name, **params)`` with OpenSpiel's names plus ``sokoban``."""
+"""Games: ``make_game(name, **params)``: ``kuhn_poker``, ``tic_tac_toe`` and ``rock_paper_scissors`` on OpenSpiel,
+and ``sokoban``."""
 
 from __future__ import annotations
 
@@ -21,13 +22,20 @@ def _tic_tac_toe(**params: Any) -> Game:
     return TicTacToe(**params)
 
 
+def _rock_paper_scissors(**params: Any) -> Game:
+    from mage.games.rock_paper_scissors import RockPaperScissors
+
+    return RockPaperScissors(**params)
+
+
 def _sokoban(**params: Any) -> Game:
     from mage.games.sokoban import Sokoban
 
     return Sokoban(**params)
 
 
-GAMES = {"kuhn_poker": _kuhn, "tic_tac_toe": _tic_tac_toe, "sokoban": _sokoban}
+GAMES = {"kuhn_poker": _kuhn, "tic_tac_toe": _tic_tac_toe, "rock_paper_scissors": _rock_paper_scissors,
+         "sokoban": _sokoban}
 
 
 def make_game(name: str, **params: Any) -> Game:

@@ -151,6 +151,12 @@ class Game(ABC):
     def initial_state(self, seed: int, agent_seat: int = 0) -> InitialState:
         """Draw the initial state for ``seed`` with the agent in ``agent_seat`` (0 = first)."""
 
+    def initial_states(self, agent_seat: int) -> list[tuple[InitialState, float]] | None:
+        """Every initial state :meth:`initial_state` can draw for ``agent_seat``, with its
+        probability, where they can be listed (the ceilings across episodes need them); None
+        where they cannot (Sokoban's levels, random openings)."""
+        return None
+
     @abstractmethod
     def new_episode(self, initial: InitialState, opponent: Any | None = None) -> Episode:
         """Start an episode from ``initial``; the same snapshot always gives the same state."""
@@ -166,6 +172,13 @@ class Game(ABC):
     def openspiel_state(self, initial: InitialState) -> Any | None:
         """The OpenSpiel state ``initial`` starts from (after chance and opening moves, before
         either player acts), or None for games not played on OpenSpiel."""
+        return None
+
+    def reflection_plan(self, episode: Episode) -> str | None:
+        """The plan a player that read the finished ``episode`` would write for the next one,
+        where the game makes it one line (rock-paper-scissors: the move that beats the
+        opponent's); None for the scripted reflections' generic plan. Only the scripted
+        player writes it (:mod:`mage.backends.scripted`): the warm start's reflections."""
         return None
 
     def forfeit_return(self, episode: Episode) -> float:

@@ -77,6 +77,10 @@ class KuhnPoker(Game):
         deal = ALL_DEALS[int(np.random.default_rng(seed).integers(len(ALL_DEALS)))]
         return InitialState(self.name, int(seed), agent_seat, {"cards": list(deal)})
 
+    def initial_states(self, agent_seat: int) -> list[tuple[InitialState, float]]:
+        return [(InitialState(self.name, 0, agent_seat, {"cards": list(deal)}), 1 / len(ALL_DEALS))
+                for deal in ALL_DEALS]
+
     def new_episode(self, initial: InitialState, opponent: Any | None = None) -> KuhnEpisode:
         if opponent is None:
             raise ValueError("Kuhn Poker needs an opponent")

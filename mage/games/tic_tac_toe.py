@@ -80,6 +80,10 @@ class TicTacToe(Game):
             state, opening = child, opening + [action]
         return InitialState(self.name, int(seed), agent_seat, {"opening": opening})
 
+    def initial_states(self, agent_seat: int) -> list[tuple[InitialState, float]] | None:
+        # random openings: too many boards to list (and they are never the default)
+        return [(self.initial_state(0, agent_seat), 1.0)] if self.opening_moves == 0 else None
+
     def new_episode(self, initial: InitialState, opponent: Any | None = None) -> TicTacToeEpisode:
         if opponent is None:
             raise ValueError("Tic-Tac-Toe needs an opponent")

@@ -1,6 +1,7 @@
 """Opponents: ``make(game_name, opponent_name, **params)``.
 
-Game names are OpenSpiel's (``kuhn_poker``, ``tic_tac_toe``). Sokoban is a one-player
+Game names are the project's (:data:`mage.games.GAMES`); each opponent is a policy of the game's
+OpenSpiel game (``Game.openspiel_game``). Sokoban is a one-player
 game: its only "opponent" is ``none``, for which ``make`` returns ``None`` (the
 counterpart that varies across a Sokoban population is the level generator's setting).
 """
@@ -9,17 +10,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import pyspiel
 
-from mage.opponents import kuhn_poker, tic_tac_toe
+from mage.opponents import kuhn_poker, rock_paper_scissors, tic_tac_toe
 from mage.opponents.base import MODEL_OPPONENT, ModelSeat, Opponent
 from mage.sections import PopulationEntry
 
 REGISTRY: dict[str, dict[str, Callable[..., Opponent]]] = {
     "kuhn_poker": kuhn_poker.OPPONENTS,
     "tic_tac_toe": tic_tac_toe.OPPONENTS,
+    "rock_paper_scissors": rock_paper_scissors.OPPONENTS,
     "sokoban": {"none": lambda game: None},
 }
 
@@ -40,8 +43,14 @@ def make(game_name: str, opponent_name: str, **params: Any) -> Opponent | None:
         raise ValueError(
             f"opponent {game_name}/{opponent_name} got unknown parameter(s) {unknown}; accepted: {accepted}"
         )
-    game = pyspiel.load_game(game_name) if game_name != "sokoban" else None
-    return factory(game, **params)
+    return factory(_openspiel_game(game_name), **params)
+
+
+@cache
+def _openspiel_game(game_name: str) -> pyspiel.Game | None:
+    from mage.games import make_game
+
+    return getattr(make_game(game_name), "openspiel_game", None)
 
 
 def opponent_for(entry: PopulationEntry) -> Opponent | ModelSeat | None:

@@ -5,10 +5,17 @@ player_id)`` gives its action distribution, so OpenSpiel's best-response and
 exploitability code runs on it unchanged. For play it adds ``reset(seed)`` and
 ``act(state)``, which draws a move from the opponent's own seeded generator: the same seed
 always gives the same game.
+
+An opponent lives for one meta-episode. ``reset(seed, past)`` starts each of its episodes with
+``past``, the OpenSpiel histories of the meta-episode's earlier episodes: an opponent that
+``remembers`` reads them in ``action_probabilities`` (rock-paper-scissors' ``reactive``
+player), the others ignore them. The ceilings across episodes (:mod:`mage.ceilings`) set
+``past`` the same way, so the engine and the ceilings play the same opponent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,22 +29,28 @@ class Opponent(openspiel_policy.Policy):
     ``deterministic``: ``action_probabilities`` is one-hot everywhere.
     ``explicit``: ``action_probabilities`` is the exact policy (False for search-based
     players whose distribution can only be estimated by sampling, such as MCTS).
+    ``remembers``: its moves depend on the meta-episode's earlier episodes (``past``).
     """
 
     rule: str = ""  # the registry name, e.g. "conservative"
     description: str = ""
     deterministic: bool = False
     explicit: bool = True
+    remembers: bool = False
 
     def __init__(self, game: pyspiel.Game, **params: Any) -> None:
         super().__init__(game, list(range(game.num_players())))
         self.game = game
         self.params = dict(params)
         self._rng = np.random.default_rng(0)
+        #: the OpenSpiel histories of the meta-episode's earlier episodes, oldest first
+        self.past: tuple[tuple[int, ...], ...] = ()
 
-    def reset(self, seed: int) -> None:
-        """Reseed the opponent's randomness (called at the start of every episode)."""
+    def reset(self, seed: int, past: Sequence[Sequence[int]] = ()) -> None:
+        """Start an episode: reseed the opponent's randomness and remember the histories of the
+        meta-episode's earlier episodes (called at the start of every episode)."""
         self._rng = np.random.default_rng(seed)
+        self.past = tuple(tuple(int(a) for a in history) for history in past)
 
     def act(self, state: pyspiel.State) -> int:
         """Draw the opponent's move in ``state`` from ``action_probabilities``."""
@@ -74,7 +87,7 @@ class ModelSeat:
         self.description = f"the model snapshot {name}"
         self.rng = np.random.default_rng(0)
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, past: Sequence[Sequence[int]] = ()) -> None:
         self.rng = np.random.default_rng(seed)
 
     def act(self, state: pyspiel.State) -> int:

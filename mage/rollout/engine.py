@@ -48,6 +48,8 @@ class MetaEpisode:
         self.opponent = opponent_for(spec.entry)
         self.first_initial = game.initial_state(spec.seed, spec.seat)
         self.finished: list[prompts.EpisodeRecord] = []
+        #: the OpenSpiel histories of the finished episodes: what an opponent that remembers reads
+        self.past: list[tuple[int, ...]] = []
         self.rows: list[dict[str, Any]] = []
         self.episode_rows: list[dict[str, Any]] = []
         self.number = 0
@@ -63,7 +65,7 @@ class MetaEpisode:
         if not self.cfg.same_initial_state and self.number > 1:
             self.initial = self.game.initial_state(derive_seed(self.spec.seed, self.number), self.spec.seat)
         if self.opponent is not None:
-            self.opponent.reset(derive_seed(self.spec.seed, self.spec.index_in_group, self.number))
+            self.opponent.reset(derive_seed(self.spec.seed, self.spec.index_in_group, self.number), self.past)
         self.episode: Episode = self.game.new_episode(self.initial, self.opponent)
         self.turns = 0
         self.phase = "play"
@@ -82,6 +84,8 @@ class MetaEpisode:
             self.episode_rows[-1]["done"] = True
         self.rows += self.episode_rows
         self.episode_rows = []
+        if self.opponent is not None:  # a two-player OpenSpiel game
+            self.past.append(tuple(episode.state.history()))
         self.last = prompts.EpisodeRecord(self.number, episode.render_history(), episode.describe_end(), episode_return)
         if self.number >= self.cfg.episodes or (self.cfg.early_stop and outcome == Outcome.WIN):
             self.done = True

@@ -6,7 +6,8 @@ Every turn the prompt is rebuilt from scratch as one user message:
 2. the initial state and the meta-episode's shape (N episodes, same opponent),
 3. one block per finished episode, by context mode:
    ``reflection_only`` (outcome + reflection), ``history_only`` (moves + outcome, no
-   reflections), ``history_and_reflection`` (all three),
+   reflections), ``history_and_reflection`` (all three); ``none`` shows no block (an ablation:
+   nothing an earlier episode revealed reaches a later one, only the episode's number),
 4. the current episode: its state, history and legal actions (play), or the episode just
    finished with the request to reflect (reflect).
 
@@ -43,6 +44,10 @@ class EpisodeRecord:
 class Prompt:
     text: str
     dropped_episodes: int = 0  # finished-episode blocks removed to fit
+
+
+def _shows_episodes(mode: str) -> bool:
+    return mode != "none"
 
 
 def _shows_history(mode: str) -> bool:
@@ -124,7 +129,7 @@ def play_prompt(
         f"# Episode {episode_number} of {num_episodes} (now)\n{current_state}",
         "Think briefly if you need to, then give your move inside <action></action>.",
     ]
-    blocks = [episode_block(r, mode) for r in finished]
+    blocks = [episode_block(r, mode) for r in finished] if _shows_episodes(mode) else []
     return _fit(_header(game, initial, num_episodes), blocks, tail, count_tokens, max_tokens, overflow)
 
 
@@ -149,5 +154,5 @@ def reflect_prompt(
            if game.num_players > 1 else "Identify your mistakes, ")
         + "then write an improved plan inside <remark></remark>.",
     ]
-    blocks = [episode_block(r, mode) for r in finished]
+    blocks = [episode_block(r, mode) for r in finished] if _shows_episodes(mode) else []
     return _fit(_header(game, initial, num_episodes), blocks, tail, count_tokens, max_tokens, overflow)

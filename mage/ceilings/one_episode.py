@@ -6,8 +6,10 @@ scaled to the episode return:
 
 * ``best_response_payoff``: the expected payoff of OpenSpiel's best response to the
   opponent's policy. The best responder sees only what the rules show it.
-* ``max_win_probability``: the probability of winning of a player who sees everything
-  (both Kuhn cards) and plays to win, averaged over initial states. Against a
+* ``max_win_probability``: the probability of winning of a player who knows the opponent's
+  policy and the whole initial state (both Kuhn cards) and plays to win, averaged over
+  initial states. It sees the moves as the rules show them: in a game of simultaneous moves
+  played turn by turn (rock-paper-scissors) the opponent's choice stays hidden. Against a
   deterministic opponent every initial state is won or not, so this is exactly the
   fraction of initial states such a player can win.
 
@@ -32,6 +34,7 @@ import numpy as np
 import pyspiel
 from open_spiel.python.algorithms import best_response
 
+from mage.ceilings.search import Search, World
 from mage.opponents.base import Opponent
 
 CONFIDENCE = 0.95
@@ -117,6 +120,17 @@ def omniscient_win_probability(
     ``initial_decision_states`` order) and the maximising policy.
     """
     return expectimax(game, opponent, agent_seat, lambda returns: float(returns[agent_seat] > 0))
+
+
+def known_opponent_win_probability(game: pyspiel.Game, opponent: Opponent, agent_seat: int
+                                   ) -> tuple[float, list[float]]:
+    """Max P(win) of a player who knows ``opponent`` and the initial state (chance resolved)
+    but sees the opponent's moves only as its information state shows them: the mean over
+    initial states and each one's value (in ``initial_decision_states`` order). In a game whose
+    opponent moves are all public (Kuhn Poker) this is :func:`omniscient_win_probability`."""
+    starts = initial_decision_states(game)
+    per_state = [float(Search([World(opponent, state, 1.0)], agent_seat).adaptive(1)[0]) for state, _ in starts]
+    return float(sum(prob * v for (_, prob), v in zip(starts, per_state))), per_state
 
 
 def expectimax(
@@ -236,7 +250,10 @@ def opponent_ceilings(
     """Both ceilings for one (opponent, seat), exact or Monte-Carlo as the opponent allows."""
     if opponent.explicit:
         br_value, _ = best_response_payoff(game, opponent, agent_seat)
-        win_value, per_state, _ = omniscient_win_probability(game, opponent, agent_seat)
+        if _perfect_information(game):  # a transposition-merged search: the information-state one is slow here
+            win_value, per_state, _ = omniscient_win_probability(game, opponent, agent_seat)
+        else:
+            win_value, per_state = known_opponent_win_probability(game, opponent, agent_seat)
         keys = [_key(state) for state, _ in initial_decision_states(game)]
         return {
             "best_response_payoff": Ceiling(br_value, "exact"),
