@@ -182,3 +182,29 @@ def test_targets_are_judged_as_the_issue_states():
     assert met["held-out success within 0.1 of training"] is True
     assert met["first-to-final gain positive and above the single-episode methods'"] is False  # 0.10 < GRPO's 0.12
     assert all("ceiling" not in what for what, _, _ in targets("sokoban", table))  # no ceiling target on Sokoban
+
+
+def test_success_by_k_is_printed_beside_the_three_ceilings_and_plotted(tmp_path, capsys):
+    from paper_table_report import plot_by_k, print_by_k
+
+    def split(passes, ceilings=(0.3, 0.6, 0.9)):
+        return {"by_k": [{"k": k, "pass_at_k": p, "pass_at_k_ci": [p - 0.1, p + 0.1], "memoryless": ceilings[0],
+                          "adaptive": ceilings[1], "known_opponent": ceilings[2]} for k, p in enumerate(passes, 1)]}
+
+    warm = {"train": split([0.3, 0.5]), "held_out": split([0.2, 0.4])}
+    runs = [{"spec": {"game": "g", "algo": algo, "seed": seed, "variant": ""},
+             "figures": {"train": split([0.3, 0.9 if algo == "mage" else 0.55]), "held_out": split([0.2, 0.5])}}
+            for algo in ("mage", "gigpo") for seed in (1, 0)]
+    by_k = print_by_k("g", warm, runs, ["mage", "gigpo"])
+    printed = capsys.readouterr().out
+    assert "| memoryless ceiling |  | 0.300 | 0.300 | 0.300 | 0.300 |" in printed
+    assert "| warm start | - | 0.300 [0.200, 0.400] | 0.500 [0.400, 0.600] |" in printed
+    # each method's seeds in order, its own row
+    assert printed.index("| MAGE | 0 | 0.300") < printed.index("| MAGE | 1 |") < printed.index("| GiGPO | 0 |")
+    assert "| GiGPO | 1 | 0.300 [0.200, 0.400] | 0.550 [0.450, 0.650] |" in printed
+    assert [p["policy"] for p in by_k["policies"]] == ["warm start", "MAGE", "MAGE", "GiGPO", "GiGPO"]
+    plot_by_k(tmp_path / "by_k.png", "g", by_k)
+    assert (tmp_path / "by_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a game without the memoryless and adaptive ceilings prints nothing
+    none = {"train": {"by_k": [dict(row, adaptive=None) for row in warm["train"]["by_k"]]}, "held_out": warm["held_out"]}
+    assert print_by_k("g", none, runs, ["mage"]) == {} and capsys.readouterr().out == ""

@@ -104,7 +104,7 @@ def test_opponents_and_their_parameters():
         make(GAME, "reactive", answer="mirror")
 
 
-def play(held_out: bool, mode: str, rule="random", groups=6) -> pl.DataFrame:
+def play(held_out: bool, mode: str, rule: str | dict = "random", groups=6) -> pl.DataFrame:
     settings_ = defaults(f"game={GAME}")
     entries = [e for e in settings_.population.entries if (e.split == "held_out") == held_out]
     specs = plan_meta_episodes(entries, groups, 2, seed=3)
@@ -221,3 +221,34 @@ def test_the_update_raises_the_move_that_used_it_and_lowers_the_one_that_did_not
     trainer.update(batch, seed=0)
     after = {move: logprob(move) for move in ("scissors", "rock")}
     assert after["scissors"] > before["scissors"] and after["rock"] < before["rock"]
+
+
+# -- the warm start's player: it recalls its plan, does not follow it, and its reflections read the episode
+def test_the_recalling_player_thinks_its_last_plan_and_plays_as_it_would_anyway():
+    from mage.backends.scripted import NO_PLAN, make_rule
+
+    recalling = play(False, "reflection_only", rule={"rule": "random", "recall": True})
+    plain = play(False, "reflection_only")
+    plays = recalling.filter(pl.col("phase") == "play")
+    # the same random draws: the thought takes none
+    assert plays["action"].to_list() == plain.filter(pl.col("phase") == "play")["action"].to_list()
+    for row in plays.iter_rows(named=True):
+        reflections = [line for line in row["prompt"].splitlines() if line.startswith("Your reflection: ")]
+        thought = f"My plan: {reflections[-1].split('Next time: ')[1]}" if reflections else NO_PLAN
+        assert row["response"] == f"<think>{thought}</think><action>{row['action']}</action>"
+    assert (plays["episode"] > 1).any()
+    with pytest.raises(ValueError, match="recall must be true or false"):
+        make_rule(GAME, {"rule": "random", "recall": "yes"})
+
+
+def test_reflections_that_state_the_moves_are_counted_by_hand():
+    from mage.build.preset import reflections_state_the_moves
+
+    reflections = play(False, "reflection_only").filter(pl.col("phase") == "reflect")
+    assert reflections_state_the_moves(reflections) == 1.0  # the scripted player reads every episode
+    # a reflection that names another move for the opponent does not count
+    wrong = reflections.with_columns(pl.col("response").str.replace(r"the opponent played (\w+)", "the opponent played lizard"))
+    assert reflections_state_the_moves(wrong) == 0.0
+    half = pl.concat([reflections.head(2), wrong.slice(2, 2)])
+    assert reflections_state_the_moves(half) == 0.5
+    assert reflections_state_the_moves(reflections.clear()) is None
