@@ -225,19 +225,22 @@ def per_opponent(table: pl.DataFrame, manifest: Mapping[str, Any], episodes: int
     return rows + [summarise(metas, ALL, episodes, early_stop)]
 
 
-def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any], episodes: int | None = None
+                ) -> list[dict[str, Any]]:
     """Per opponent (and ``all``) and episode k: outcomes, pass@k with its interval, the
-    ceiling of pass@k and the ratio, the return ratio, invalid rate."""
+    ceiling of pass@k and the ratio, the return ratio, invalid rate. With ``episodes``, every k
+    up to it has a row: where no meta-episode reached k (with early stop, each had won before
+    it), nothing was played (``played`` 0, the outcomes None) and pass@k is pass@(k - 1)."""
     metas = meta_summaries(table, manifest)
     by_opponent = {name: frame for (name,), frame in metas.group_by("opponent")} | {ALL: metas}
     returns = {name: float(frame["best_response_return"].mean()) for (name,), frame in metas.group_by("opponent")}
     returns[ALL] = float(metas["best_response_return"].mean())
     rows = []
-    for row in rollout_metrics(table).to_dicts():
+    for row in _every_k(rollout_metrics(table).to_dicts(), episodes):
         k, name = row["episode"], row["opponent"]
         wins = round(row["pass_at_k"] * row["meta_episodes"])
         row["pass_at_k_ci"] = list(wilson(wins, row["meta_episodes"]) or ())
-        row["win_rate_ci"] = list(wilson(round(row["win_rate"] * row["played"]), row["played"]) or ())
+        row["win_rate_ci"] = list(wilson(round(row["win_rate"] * row["played"]), row["played"]) or ()) if row["played"] else []
         bounds = ceilings_at(by_opponent[name], k)
         row["pass_at_k_ceiling"] = bounds["known_opponent"]
         row["memoryless_ceiling"], row["adaptive_ceiling"] = bounds["memoryless"], bounds["adaptive"]
@@ -246,6 +249,21 @@ def per_episode(table: pl.DataFrame, manifest: Mapping[str, Any]) -> list[dict[s
         row["return_vs_ceiling"] = _ratio(row["mean_return"], returns[name], MIN_RETURN_CEILING)
         rows.append(row)
     return rows
+
+
+def _every_k(rows: list[dict[str, Any]], episodes: int | None) -> list[dict[str, Any]]:
+    """``rows`` (rollout metrics per opponent and k, opponents in order) with a row for every k
+    up to ``episodes`` that no meta-episode reached: nothing played, pass@k carried over."""
+    if episodes is None:
+        return rows
+    out: list[dict[str, Any]] = []
+    for index, row in enumerate(rows):
+        out.append(row)
+        if index + 1 == len(rows) or rows[index + 1]["opponent"] != row["opponent"]:  # the opponent's last k
+            for k in range(row["episode"] + 1, episodes + 1):
+                out.append({**{key: None for key in row}, "opponent": row["opponent"], "episode": k,
+                            "meta_episodes": row["meta_episodes"], "played": 0, "pass_at_k": row["pass_at_k"]})
+    return out
 
 
 # -- against the starting policy -----------------------------------------------------------
@@ -340,11 +358,12 @@ def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any]
     if ratings:  # population.league: the ratings after the last recorded iteration
         report["league"] = ratings
     for split, table in tables.items():
-        body = {"opponents": per_opponent(table, manifest, episodes, early_stop), "episodes": per_episode(table, manifest)}
+        body = {"opponents": per_opponent(table, manifest, episodes, early_stop),
+                "episodes": per_episode(table, manifest, episodes)}
         if start_tables is not None and split in start_tables:
             start = start_tables[split]
             body["start"] = {"opponents": per_opponent(start, manifest, episodes, early_stop),
-                             "episodes": per_episode(start, manifest)}
+                             "episodes": per_episode(start, manifest, episodes)}
             body["gains"] = gains_over_start(table, start, manifest)
         report["splits"][split] = body
     return report

@@ -180,6 +180,19 @@ def test_the_three_ceilings_per_k_by_hand():
         build_report({"train": TABLE}, MANIFEST, {}, episodes=3))
 
 
+def test_a_k_that_no_meta_episode_reached_keeps_its_row():
+    # every meta-episode of A won by episode 2 (meta 1's third episode dropped): nobody played 3
+    won_early = TABLE.filter(~((pl.col("meta_id") == 1) & (pl.col("episode") == 3))).with_columns(
+        pl.when(pl.col("meta_id") == 1).then(pl.col("episode") == 2).otherwise(pl.col("won")).alias("won"))
+    rows = {(r["opponent"], r["episode"]): r for r in build_report({"train": won_early}, MANIFEST, {}, 3)
+            ["splits"]["train"]["episodes"]}
+    assert (rows[("A", 2)]["pass_at_k"], rows[("A", 3)]["pass_at_k"]) == (1.0, 1.0)
+    assert rows[("A", 3)]["played"] == 0 and rows[("A", 3)]["win_rate"] is None
+    assert rows[("A", 3)]["pass_at_k_ci"] == pytest.approx(wilson_by_scipy(2, 2))
+    assert rows[("B", 3)]["played"] == 1  # B played its third episode: its own row, as before
+    assert "| A | 3 | 0 | - | - | - | 1.00 [0.34, 1.00] |" in to_markdown(build_report({"train": won_early}, MANIFEST, {}, 3))
+
+
 def start_of(table):
     """The starting policy on the same initial states: every meta-episode loses all three episodes."""
     rows = []

@@ -220,7 +220,7 @@ def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str
         out[split] = {row["opponent"]: {key: _rounded(row.get(key)) for key in CHECK_FIELDS} for row in rows}
         # pooled success by k beside the three ceilings (docs/method.md, "Three ceilings per episode")
         out.setdefault("by_k", {})[split] = [{key: _rounded(row.get(key)) for key in BY_K_FIELDS}
-                                             for row in per_episode(table, manifest) if row["opponent"] == ALL]
+                                             for row in per_episode(table, manifest, cfg.episodes) if row["opponent"] == ALL]
         reflect = table.filter(pl.col("phase") == "reflect")
         out[split]["all"]["reflection_validity"] = _rounded(float(reflect["valid"].mean())) if reflect.height else None
         out[split]["all"]["reflection_states_the_moves"] = _rounded(reflections_state_the_moves(reflect))
