@@ -163,7 +163,9 @@ class Settings:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise SettingsError(f"seed: must be an integer >= 0 (got {seed!r}) (in {source('seed')})")
         built: dict[str, Any] = {"seed": seed}
-        for name in SECTIONS:  # in order: the game before the population entries checked against it
+        # In order, but the population last: its entries are checked against the game, and its
+        # ceilings copy eval.episodes, so `eval.episodes=0` is named where it was set.
+        for name in sorted(SECTIONS, key=lambda section: section == "population"):
             section = raw[name]
             if name == "population":
                 built[name] = _population(raw, source(name))
