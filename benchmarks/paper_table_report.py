@@ -178,11 +178,12 @@ def plot_by_k(path: Any, game: str, by_k: dict[str, Any]) -> None:
             ax.plot(ks, ceilings[name], linestyle=style, color={"memoryless ceiling": "tab:gray", "adaptive ceiling":
                     "tab:green"}.get(name, "black"), label=name)
         names = list(dict.fromkeys(p["policy"] for p in by_k["policies"]))
+        colours = ["tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:cyan"]  # no green
         for index, name in enumerate(names):
             mine = [p["by_k"][split] for p in by_k["policies"] if p["policy"] == name]
             mean = [statistics.mean(rows[i]["pass_at_k"] for rows in mine if rows[i]) for i in range(len(ks))]
             ax.plot(ks, mean, marker="o", linestyle="--" if name == "warm start" else "-",
-                    color=plt.get_cmap("tab10")(index), label=f"{name} ({len(mine)} seed{'s' * (len(mine) > 1)})")
+                    color=colours[index % len(colours)], label=f"{name} ({len(mine)} seed{'s' * (len(mine) > 1)})")
         ax.set_title(f"{game}, {SPLIT_NAMES[split]}: pass@k, mean over seeds", fontsize=9)
         ax.set_xlabel("episode k")
         ax.set_xticks(ks)
