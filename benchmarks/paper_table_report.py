@@ -165,6 +165,7 @@ def plot_by_k(path: Any, game: str, by_k: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import same_color
 
     from mage import io
 
@@ -174,11 +175,14 @@ def plot_by_k(path: Any, game: str, by_k: dict[str, Any]) -> None:
         ceilings = {name: values[split] for name, values in by_k["ceilings"].items()}
         ax.fill_between(ks, ceilings["memoryless ceiling"], ceilings["adaptive ceiling"], color="tab:green", alpha=0.15,
                         label="value of adaptation")
+        ceiling_colours = {"memoryless ceiling": "tab:gray", "adaptive ceiling": "tab:green",
+                           "known-opponent ceiling": "black"}
         for name, style in (("memoryless ceiling", "-."), ("adaptive ceiling", "-."), ("known-opponent ceiling", ":")):
-            ax.plot(ks, ceilings[name], linestyle=style, color={"memoryless ceiling": "tab:gray", "adaptive ceiling":
-                    "tab:green"}.get(name, "black"), label=name)
+            ax.plot(ks, ceilings[name], linestyle=style, color=ceiling_colours[name], label=name)
         names = list(dict.fromkeys(p["policy"] for p in by_k["policies"]))
-        colours = ["tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:cyan"]  # no green
+        # tab10 without the ceilings' colours: no policy curve is read as a ceiling
+        colours = [c for c in plt.get_cmap("tab10").colors if not any(
+            same_color(c, taken) for taken in ceiling_colours.values())]
         for index, name in enumerate(names):
             mine = [p["by_k"][split] for p in by_k["policies"] if p["policy"] == name]
             mean = [statistics.mean(rows[i]["pass_at_k"] for rows in mine if rows[i]) for i in range(len(ks))]
