@@ -42,11 +42,11 @@ def main() -> None:
     from prefect.logging import disable_run_logger  # noqa: F401  (Prefect imported before the harness)
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.train import train as train_flow
-    from mage.build import prepare_model
+    from flows.training import train as train_flow
     from mage.run import train
     from mage.settings import load_settings
-    from tasks import state as memory
+    from mage.warmstart import prepare_model
+    from tasks import worker
 
     torch.set_num_threads(args.threads)
     base = list(args.override) + ["train.iterations=1"]
@@ -62,7 +62,7 @@ def main() -> None:
 
     def flowed(index: int) -> tuple[float, list[str]]:
         overrides = [*base, f"paths.artifacts={work / f'flow-{index}'}", f"paths.results={work / f'flow-{index}' / 'results'}"]
-        memory.forget()  # the flow loads the model in its task, like the direct path
+        worker.forget()  # the flow loads the model in its task, like the direct path
         started = time.perf_counter()
         train_flow(overrides)
         return time.perf_counter() - started, overrides

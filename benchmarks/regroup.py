@@ -37,8 +37,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mage.backends.hf import HFBackend
-    from mage.build.preset import population_manifest, warm_start_check
     from mage.settings import load_settings
+    from mage.warmstart.preset import population_manifest, warm_start_check
 
     torch.set_num_threads(args.threads)
     settings = load_settings([f"game={args.game}", *args.overrides])

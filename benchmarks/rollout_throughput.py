@@ -48,9 +48,9 @@ def build_random_model(directory: Path) -> None:
     from dataclasses import replace
 
     from mage.backends.scripted import ScriptedBackend
-    from mage.build.tiny import SCRIPTED_SAMPLING, random_model, train_tokenizer
     from mage.rollout import RolloutEngine, plan_meta_episodes
     from mage.settings import load_settings
+    from mage.warmstart.tiny import SCRIPTED_SAMPLING, random_model, train_tokenizer
 
     settings = load_settings(["game=kuhn_poker"])
     entries = list(settings.population.train.values())

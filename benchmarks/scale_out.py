@@ -69,11 +69,11 @@ def main() -> None:
 
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.train import train as train_flow
-    from mage.build import prepare_model
+    from flows.training import train as train_flow
     from mage.run import RunLayout
     from mage.settings import load_settings
-    from tasks import state as memory
+    from mage.warmstart import prepare_model
+    from tasks import worker
 
     base = [*args.override, f"train.iterations={args.iterations}", "train.eval_every=0"]
     model_path = args.model_path or prepare_model(load_settings(base))
@@ -87,7 +87,7 @@ def main() -> None:
                 shards, settings = CONFIGS[name]
                 overrides = [*base, *settings, f"flow.rollout_shards={shards}", f"paths.artifacts={folder}",
                              f"paths.results={folder}/results"]
-                memory.forget()  # every configuration loads its model itself
+                worker.forget()  # every configuration loads its model itself
                 started = time.time()
                 train_flow(overrides)
                 seconds[name].append(iteration_seconds(RunLayout.of(load_settings(overrides)).checkpoints, started))

@@ -47,18 +47,18 @@ def measure(args: argparse.Namespace) -> dict:
 
     import torch
 
+    from mage.config.sections import LoraSection
     from mage.models.policy import as_policy
     from mage.models.shapes import SHAPES, random_causal_lm, random_update_table
-    from mage.sections import LoraSettings
     from mage.settings import load_settings
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     torch.set_num_threads(args.threads)
     shape = SMALL if args.shape == "small" else SHAPES[args.shape]
     lora = None
     if args.lora:  # on the GPU presets' modules (params/model/)
         targets = load_settings(["model=qwen3_4b"]).model.lora.target_modules
-        lora = LoraSettings(r=args.lora, alpha=2 * args.lora, dropout=0.0, target_modules=targets)
+        lora = LoraSection(r=args.lora, alpha=2 * args.lora, dropout=0.0, target_modules=targets)
     held = torch.float32 if lora is None else getattr(torch, args.dtype)  # full training: float32 master weights
     model = random_causal_lm(shape, held, args.device)
     policy = as_policy(model, SimpleNamespace(pad_token_id=0), f"random {args.shape}", dtype=args.dtype, lora=lora)

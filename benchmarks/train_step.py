@@ -29,6 +29,7 @@ from pathlib import Path
 
 from mage.models.shapes import PRESETS
 
+
 def preset_lora(shape: str):
     """The LoRA settings of the model preset ``params/model/<shape>.yaml``."""
     from mage.settings import load_settings
@@ -58,7 +59,7 @@ def measure(model_dir: Path, table, batching: str, checkpointing: bool, args: ar
 
     from mage.models.policy import load_policy
     from mage.settings import load_settings
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     torch.manual_seed(0)  # the same LoRA initialisation for every row of the table
     policy = load_policy(model_dir, dtype=args.dtype, device=args.device, lora=lora)

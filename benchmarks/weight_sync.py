@@ -34,18 +34,18 @@ def build_tiny_shaped(directory: Path, **shape: int) -> Path:
     """A random model of the tiny preset's shape (``shape``: another hidden_size, num_layers,
     num_heads, num_kv_heads or intermediate_size) and a tokenizer trained on scripted Kuhn text."""
     from mage.backends.scripted import ScriptedBackend
-    from mage.build.tiny import random_model, train_tokenizer
+    from mage.config.sections import RolloutSection, SamplingSection
     from mage.rollout import RolloutEngine, plan_meta_episodes
-    from mage.sections import RolloutConfig, SamplingSettings
     from mage.settings import load_settings
+    from mage.warmstart.tiny import random_model, train_tokenizer
 
     settings = load_settings(["game=kuhn_poker"])
     tiny = settings.model.tiny
     entries = list(settings.population.train.values())
-    rollout = RolloutConfig(episodes=3, group_size=2, early_stop=True, context_mode="reflection_only",
+    rollout = RolloutSection(episodes=3, group_size=2, early_stop=True, context_mode="reflection_only",
                             same_initial_state=True, max_prompt_tokens=4096, prompt_overflow="drop_oldest",
                             concurrency=None)
-    sampling = SamplingSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, stop=None, seed=None)
+    sampling = SamplingSection(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=256, stop=None, seed=None)
     table = RolloutEngine(ScriptedBackend("random", seed=0), rollout, settings.game.params).run(
         plan_meta_episodes(entries, num_groups=tiny.corpus_meta_episodes // 2, group_size=2, seed=0), sampling,
         progress=False)
@@ -72,13 +72,13 @@ def main() -> None:
 
     from mage.backends import GenerationRequest, vllm_sync
     from mage.backends.vllm import VLLMBackend, shutdown_engine
+    from mage.config.sections import SamplingSection
+    from mage.models import checkpoint as ckpt
     from mage.models.policy import load_policy
     from mage.models.shapes import random_update_table
     from mage.run.state import probe_logprobs
-    from mage.sections import SamplingSettings
     from mage.settings import load_settings
-    from mage.train import checkpoint as ckpt
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     work = Path(tempfile.mkdtemp(prefix="mage-weight-sync-"))
     model_dir = args.model or build_tiny_shaped(work / "model")
@@ -89,7 +89,7 @@ def main() -> None:
     table = random_update_table(args.rows, 64, 16, vocab)
     probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
     backend = VLLMBackend(model_dir, dtype="float32", max_model_len=1024, enforce_eager=True)
-    one_token = SamplingSettings(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1, stop=None, seed=0)
+    one_token = SamplingSection(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1, stop=None, seed=0)
 
     def answer() -> None:  # a request through the backend's load path: the engine serves the weights it names
         backend.generate([GenerationRequest("Your card: King (K).")], one_token)

@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                      "belong to evaluate or report")
     from flows.common import TRAINING_FLOWS
     from mage.io import CorruptFileError, IncompatibleFilesError, RunLockedError, StorageError
-    from mage.memory import check_fits
-    from mage.path_checks import check_paths
+    from mage.preflight.memory_plan import check_fits
+    from mage.preflight.paths import check_paths
     from mage.settings import SettingsError, load_settings
 
     try:  # a wrong key, a path that cannot be used, or a plan that cannot fit the GPU fails here, before a
@@ -126,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     from flows.server import PrefectAPIError, prefect_api
-
     from mage.stopping import StopRequested
 
     # a shard asked to stop by a stop signal is no error to explain: its line says so, always

@@ -9,9 +9,9 @@ from prefect import get_run_logger
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
 from mage import stopping
-from mage.memory import check_fits
-from mage.path_checks import check_paths
-from mage.sections import FlowConfig
+from mage.config.sections import FlowSection
+from mage.preflight.memory_plan import check_fits
+from mage.preflight.paths import check_paths
 from mage.settings import Settings, load_settings
 
 #: The flows that train: they check the memory plan of an update beside its engine.
@@ -20,9 +20,9 @@ TRAINING_FLOWS = ("train", "pipeline")
 
 def settings_for(overrides: Sequence[str] | None, config_file: str | None, trains: bool = False) -> Settings:
     """Compose and validate before any work: a wrong key fails the flow run at once, and so do
-    paths that cannot be written or loaded (:func:`mage.path_checks.check_paths`) and, for a
+    paths that cannot be written or loaded (:func:`mage.preflight.paths.check_paths`) and, for a
     flow that ``trains``, a configuration whose memory plan cannot fit its GPU
-    (:func:`mage.memory.check_fits`)."""
+    (:func:`mage.preflight.memory_plan.check_fits`)."""
     settings = load_settings(list(overrides or []), config_file)
     check_paths(settings)
     if trains:
@@ -37,10 +37,10 @@ def local_timezone() -> str:
     return tzlocal.get_localzone_name() or "UTC"
 
 
-def make_runner(flow_cfg: FlowConfig) -> TaskRunner:
+def make_runner(flow_cfg: FlowSection) -> TaskRunner:
     """The task runner that fans rollout shards out (``flow.runner``)."""
     if flow_cfg.runner == "ray":
-        from flows.ray_cluster import ray_runner
+        from tasks.ray.cluster import ray_runner
 
         return ray_runner(flow_cfg)
     if flow_cfg.runner == "process":
@@ -59,7 +59,7 @@ def shard_workers(settings: Settings, runner: TaskRunner, shards: int) -> Iterat
     if settings.flow.runner != "ray":
         yield runner
         return
-    from flows.ray_cluster import on_ray
+    from tasks.ray.cluster import on_ray
 
     with on_ray(settings, shards) as actors:
         if not actors:

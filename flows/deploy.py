@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from flows.common import local_timezone
-from flows.evaluate import evaluate, nightly_evaluation
-from flows.pipeline import pipeline
-from flows.seed_population import seed_population
-from flows.train import train
+from flows.evaluation import evaluate, nightly_evaluation
+from flows.lifecycle import pipeline
+from flows.population import seed_population
+from flows.training import train
 from mage.settings import Settings, load_settings
 
 TAGS = ["mage"]

@@ -11,11 +11,11 @@ population manifest.
 ``python -m mage config --output params.yaml`` regenerates the committed ``params.yaml``
 (``dvc exp run`` composes it the same way, with its ``-S`` overrides), and ``config --docs
 docs/configuration.md`` regenerates the committed reference of every key and config group
-option (:mod:`mage.config_docs`; it documents the defaults, so it takes no overrides).
+option (:mod:`mage.settings.reference`; it documents the defaults, so it takes no overrides).
 ``population`` seeds and writes the population manifest with its ceilings, and prints per split
 the three ceilings by episode k and the value of adaptation (docs/method.md, "Three ceilings
 per episode"). ``plan`` prints the memory the
-configuration plans for on its GPU, part by part (:mod:`mage.memory`), on this machine's GPU or
+configuration plans for on its GPU, part by part (:mod:`mage.preflight.memory_plan`), on this machine's GPU or
 on one of ``--gpu-gib`` GiB, and exits with status 2, naming the key to change, where it
 cannot fit, as a flow would refuse it. The lifecycle's own commands are the
 flows': ``python -m flows --help``.
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "plan":
         return _plan(settings, args.gpu_gib)
-    from mage.population import adaptation_lines, seed_population, write_manifest
+    from mage.population.manifest import adaptation_lines, seed_population, write_manifest
 
     manifest = seed_population(settings)
     path = write_manifest(manifest, settings.paths.population_manifest)
@@ -75,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _docs(path: str, overrides: Sequence[str], output: str | None) -> int:
     from mage import io
-    from mage.config_docs import render
     from mage.settings import SettingsError, load_settings
+    from mage.settings.reference import render
 
     if overrides or output:
         print("config error: --docs documents the defaults of params/ and writes only its own file: give it "
@@ -93,8 +93,8 @@ def _docs(path: str, overrides: Sequence[str], output: str | None) -> int:
 
 
 def _plan(settings, gpu_gib: float | None) -> int:
-    from mage.memory import GIB, MemoryPlanError, check_fits, device_capacity, gpu_plans
-    from mage.placement import placement
+    from mage.preflight.memory_plan import GIB, MemoryPlanError, check_fits, device_capacity, gpu_plans
+    from mage.preflight.placement import placement
 
     device, capacity = ("the planned GPU", int(gpu_gib * GIB)) if gpu_gib else device_capacity(settings)
     try:

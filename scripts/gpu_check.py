@@ -8,7 +8,7 @@ Steps, each timed, each recorded even when it fails:
 1. ``gpu_tests``: the GPU-marked tests (``pytest -m gpu``).
 2. ``training``: 2 iterations of ``model=qwen2_5_0_5b`` (LoRA r=32) on Kuhn Poker, 4 groups of 4, the hf
    backend generating on the GPU; seconds per iteration, the update's peak memory, and the
-   memory plan's estimate of it (``mage.memory``).
+   memory plan's estimate of it (``mage.preflight.memory_plan``).
 3. ``memory_sweep``: ``benchmarks/train_memory.py`` at Qwen3-4B's shape, LoRA r=64, gradient
    checkpointing, bf16: the update's peak with chunked logits against whole logits, at replies
    of 256, 1,024 and 3,072 tokens.
@@ -54,10 +54,10 @@ def save_random_model(directory: Path, shape: dict, device: str, dtype: str) -> 
     """A random model of ``shape`` with a tokenizer trained on the games' text, saved."""
     import torch
 
-    from mage.build.preset import corpus
-    from mage.build.tiny import train_tokenizer
     from mage.models.shapes import random_causal_lm
     from mage.settings import load_settings
+    from mage.warmstart.preset import corpus
+    from mage.warmstart.tiny import train_tokenizer
 
     build = dataclasses.replace(load_settings().model.tiny, corpus_meta_episodes=8)
     tokenizer = train_tokenizer(corpus(build, progress=False), vocab_size=1024)
@@ -88,7 +88,7 @@ def gpu_tests(args) -> dict:
 
 
 def training(args) -> dict:
-    from mage.memory import plan
+    from mage.preflight.memory_plan import plan
     from mage.run import RunLayout, train
     from mage.settings import load_settings
 
@@ -132,7 +132,7 @@ def bf16_full_fine_tuning(args) -> dict:
     from mage.models.policy import as_policy
     from mage.models.shapes import random_causal_lm, random_update_table
     from mage.settings import load_settings
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     defaults = load_settings(["model=qwen2_5_0_5b", "model.lora=null"])  # its trainer: chunked logits
     shape = shape_of("Qwen/Qwen2.5-0.5B-Instruct", args.dry_run)
@@ -160,15 +160,15 @@ def bf16_full_fine_tuning(args) -> dict:
 def update_speed(args) -> dict:
     import torch
 
+    from mage.config.sections import LoraSection
     from mage.models.policy import as_policy
     from mage.models.shapes import random_causal_lm, random_update_table
-    from mage.sections import LoraSettings
     from mage.settings import load_settings
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     defaults = load_settings(["model=qwen3_4b"])
     shape = shape_of("Qwen/Qwen3-4B", args.dry_run)
-    lora = LoraSettings(r=64, alpha=128, dropout=0.0, target_modules=defaults.model.lora.target_modules)
+    lora = LoraSection(r=64, alpha=128, dropout=0.0, target_modules=defaults.model.lora.target_modules)
     model = random_causal_lm(shape, getattr(torch, args.dtype), args.device)
     parameters = sum(p.numel() for p in model.parameters())
     policy = as_policy(model, SimpleNamespace(pad_token_id=0), "random", dtype=args.dtype, lora=lora)

@@ -7,7 +7,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from mage.league import rating_rows
+from mage.population.league import rating_rows
 
 
 def artifact_key(*parts: str) -> str:

@@ -1,24 +1,27 @@
-"""The tasks of an evaluation: ``evaluate-checkpoint`` and ``write-report``."""
+"""The tasks of an evaluation (``evaluate-checkpoint``, ``measure-exploitability``,
+``write-report``) and :class:`FlowEvaluationSteps`, which runs :func:`mage.run.evaluate` and
+:func:`mage.run.report` with each step as one of them."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ContextManager
 
-from prefect import task
+from prefect import get_run_logger, task
+from prefect.task_runners import TaskRunner
 
-from mage import io
-from mage.evaluation import write_exploitability
-from mage.population import load_manifest
-from mage.report import build_report, headline_metrics
-from mage.report import write_report as write
-from mage.rollout import read_trajectories
+from mage.evaluation import exploitability
+from mage.evaluation.play import write_exploitability
+from mage.models import checkpoint as ckpt
 from mage.run import steps
-from mage.run.record import METRICS_REMEDY
+from mage.run.evaluation import EvaluationSteps, Policy
+from mage.run.evaluation import write_report as write
 from mage.settings import Settings
-from mage.train import checkpoint as ckpt
-from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
+from tasks.artifacts import publish_markdown
+from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy, configured
+from tasks.model import prepare_model
+from tasks.population import seed_population
 from tasks.refs import FileRef
 
 
@@ -39,68 +42,77 @@ def evaluate_split(
       **TASK_DEFAULTS)
 def measure_exploitability(settings: Settings, model: FileRef, checkpoint: FileRef | None, out_dir: str) -> FileRef | None:
     """Kuhn Poker: ``checkpoint``'s (None: the starting policy's) exploitability, written to
-    ``out_dir/exploitability.json`` (:func:`mage.evaluation.write_exploitability`); None elsewhere."""
+    ``out_dir/exploitability.json`` (:func:`mage.evaluation.play.write_exploitability`); None elsewhere."""
     model.resolve()
     loaded = ckpt.Checkpoint.at(checkpoint.resolve()) if checkpoint is not None else None
     written = write_exploitability(settings, loaded, out_dir)
     return FileRef.of(written) if written is not None else None
 
 
-def recorded_checkpoint(record: Mapping[str, Any]) -> FileRef | None:
-    """The checkpoint a policy record names (not checked against the disk: it only labels)."""
-    if record["checkpoint"] is None:
-        return None
-    return FileRef(path=record["checkpoint"], sha256=record["checkpoint_sha256"], kind="checkpoint")
-
-
-def start_policy(settings: Settings) -> str:
-    """What a run starts from, in words: the tiny warm start (and whom it imitates) or the base model."""
-    model = settings.model
-    if model.tiny is not None and model.build == "tiny":
-        rules = ", ".join(r if isinstance(r, str) else str(r.get("rule")) for r in model.tiny.bc_rules)
-        return f"{model.path} (the tiny preset's warm start: behaviour cloning of {rules})"
-    return f"{model.local_dir or model.path} (the base model {model.path})"
-
-
 @task(name="write-report", task_run_name="write-report", cache_policy=ArtifactCachePolicy(step="report"),
       **TASK_DEFAULTS)
 def write_report(
-    settings: Settings, manifest: FileRef, tables: dict[str, FileRef], checkpoint: FileRef | None, out_dir: str,
+    settings: Settings, manifest: FileRef, tables: dict[str, FileRef], about: dict[str, Any], out_dir: str,
     history: FileRef | None = None, start_tables: dict[str, FileRef] | None = None,
-    policy: dict[str, Any] | None = None, compared_with: str | None = None,
-    exploitability: FileRef | None = None, start_exploitability: FileRef | None = None,
+    exploitability_files: dict[str, FileRef] | None = None,
 ) -> dict[str, Any]:
-    """The report of one checkpoint (None: the starting policy) beside the starting policy
-    evaluated on the same initial states (``start_tables``): JSON, Markdown and plots in
-    ``out_dir``. ``policy``: the tables' own record (:func:`mage.evaluation.recorded_policy`), which names the
-    checkpoint, its iteration and the sampling; ``compared_with``: the checkpoint whose tables
-    stand in ``start_tables`` instead of the starting policy's. ``exploitability`` and
-    ``start_exploitability``: Kuhn Poker's ``exploitability.json`` of either side."""
-    if policy is not None:
-        checkpoint, iteration, sampling = recorded_checkpoint(policy), policy["iteration"], policy["sampling"]
-    else:
-        iteration = ckpt.Checkpoint.at(checkpoint.path).iteration if checkpoint is not None else 0
-        sampling = dataclasses.asdict(settings.eval.sampling)
-    about = {
-        "checkpoint": checkpoint.path if checkpoint is not None else f"the starting policy {start_policy(settings)}",
-        "checkpoint_sha256": checkpoint.sha256 if checkpoint is not None else None,
-        "iteration": iteration,
-        "run": settings.run_name,
-        "started_from": start_policy(settings),
-        "game": settings.game.name,
-        "sampling": sampling,
-    }
-    if compared_with is not None:
-        about["compared_with"] = compared_with
-    start = {split: read_trajectories(ref.resolve()) for split, ref in (start_tables or {}).items()}
-    history_records = io.read_json_lines(history.resolve(), METRICS_REMEDY) if history is not None else []
-    report = build_report({split: read_trajectories(ref.resolve()) for split, ref in tables.items()},
-                          load_manifest(manifest.resolve()), about, settings.eval.episodes, settings.eval.early_stop,
-                          start_tables=start or None, history=history_records,
-                          training_temperature=settings.engine.sampling.temperature,
-                          exploitability={side: io.read_json(ref.resolve()) for side, ref in
-                                          (("policy", exploitability), ("start", start_exploitability))
-                                          if ref is not None})
-    written = write(report, out_dir, history=history_records)
-    return {"directory": out_dir, "files": {k: FileRef.of(v) for k, v in written.items()},
-            "metrics": headline_metrics(report)}
+    """The report of ``tables`` beside ``start_tables``, about ``about``
+    (:func:`mage.run.evaluation.write_report`): JSON, metrics, Markdown and plots in ``out_dir``."""
+    return write(settings, manifest.resolve(), {split: ref.resolve() for split, ref in tables.items()}, about,
+                 Path(out_dir), history.resolve() if history is not None else None,
+                 {split: ref.resolve() for split, ref in (start_tables or {}).items()} or None,
+                 {side: ref.resolve() for side, ref in (exploitability_files or {}).items()})
+
+
+def _refs(paths: Mapping[str, Path] | None) -> dict[str, FileRef]:
+    return {name: FileRef.of(path) for name, path in (paths or {}).items()}
+
+
+class FlowEvaluationSteps(EvaluationSteps):
+    """The steps of :func:`mage.run.evaluate` and :func:`mage.run.report` as Prefect tasks: each
+    play, the exploitability, the manifest and the report is a cached task, and the report a
+    Markdown artifact in the UI. ``side_by_side`` (Ray): a started runner to play the splits
+    on at once; without it they play one after the other in this process (a vLLM engine is
+    one per process)."""
+
+    def __init__(self, settings: Settings,
+                 side_by_side: Callable[[], ContextManager[TaskRunner]] | None = None) -> None:
+        super().__init__(settings, progress=False)
+        self.side_by_side = side_by_side
+
+    @property
+    def log(self) -> Any:
+        return get_run_logger()  # the flow run's: the UI shows it
+
+    def play(self, policy: Policy | None, splits: Sequence[str], out_dir: Path) -> tuple[dict[str, Any], Path | None]:
+        flow_cfg = self.settings.flow
+        model = configured(prepare_model, flow_cfg)(self.settings)
+        play_split = configured(evaluate_split, flow_cfg)
+        measure = configured(measure_exploitability, flow_cfg) if exploitability.measured(self.settings) else None
+        checkpoint = FileRef.of(policy.path, "checkpoint") if policy is not None else None
+        common = {"settings": self.settings, "model": model, "checkpoint": checkpoint, "out_dir": str(out_dir)}
+        if self.side_by_side is not None:  # one task per split, side by side on the cluster
+            with self.side_by_side() as runner:
+                futures = {split: runner.submit(play_split, {**common, "split": split}) for split in splits}
+                measured = measure and runner.submit(measure, common)
+                results = {split: future.result() for split, future in futures.items()}
+                found = measured.result() if measured else None
+        else:
+            results = {split: play_split(**common, split=split) for split in splits}
+            found = measure(**common) if measure else None
+        return ({split: {"table": Path(r["table"].path), "final": r["final"]} for split, r in results.items()},
+                Path(found.resolve()) if found is not None else None)
+
+    def manifest(self) -> Path:
+        return configured(seed_population, self.settings.flow)(self.settings).resolve()
+
+    def write_report(self, manifest: Path, tables: Mapping[str, Path], about: dict[str, Any], out_dir: Path,
+                     history: Path | None, start_tables: Mapping[str, Path] | None,
+                     exploitability_files: Mapping[str, Path]) -> dict[str, Any]:
+        return configured(write_report, self.settings.flow)(
+            self.settings, FileRef.of(manifest), _refs(tables), about, str(out_dir),
+            FileRef.of(history) if history is not None else None, _refs(start_tables) or None,
+            _refs(exploitability_files))
+
+    def publish(self, title: str, markdown: str, description: str) -> None:
+        publish_markdown(title, markdown, description)

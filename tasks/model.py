@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from mage.build import prepare_model as prepare
 from mage.settings import Settings
+from mage.warmstart import prepare_model as prepare
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
 from tasks.refs import FileRef
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import task
 
-from mage.population import seed_population as build_manifest
-from mage.population import write_manifest
+from mage.population.manifest import seed_population as build_manifest
+from mage.population.manifest import write_manifest
 from mage.settings import Settings
 from tasks.caching import TASK_DEFAULTS, ArtifactCachePolicy
 from tasks.refs import FileRef

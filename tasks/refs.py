@@ -7,7 +7,7 @@ task wrote it (a ``dvc checkout``, a cleaned artifacts folder), :meth:`FileRef.r
 raises :class:`StaleReferenceError` and the cache policy (``tasks.caching``) stops reusing
 the result that holds it. A checkpoint's hash is its manifest's (hashed once, when it was
 written), and checking it reads the manifest and the files' sizes: a change that keeps a
-file's size is found when the file is loaded (:mod:`mage.train.checkpoint`).
+file's size is found when the file is loaded (:mod:`mage.models.checkpoint`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from mage import io
-from mage.train import checkpoint as ckpt
+from mage.models import checkpoint as ckpt
 
 Kind = Literal["file", "checkpoint", "directory"]
 

@@ -5,8 +5,10 @@ step of every iteration (state, time, logs) and a transient failure is retried.
 Nothing here is cached: the loop resumes a run from its checkpoints (``mage.run.loop``), so a
 flow run started again goes on where the last one stopped. Rollout shards go to the flow's
 task runner: on threads of this process they sample from the trainer's policy in memory
-(as the library's loop does); in other processes (``flow.runner=process``) and on Ray they
-load the iteration's checkpoint.
+(as the library's loop does); in other processes (``flow.runner=process``) they load the
+iteration's checkpoint. Nothing here knows Ray: on ``flow.runner=ray`` the flow runs
+``tasks.ray.steps.RayFlowSteps``, these steps with the shards on the run's Ray actors, the
+weights pushed to them and the update on Ray Train's workers (``tasks.ray``, the floor above).
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import polars as pl
 from prefect import get_run_logger, task
 from prefect.task_runners import TaskRunner
 
+from mage.config.sections import splits_of
+from mage.models import checkpoint as ckpt
 from mage.rollout import RolloutStats, read_trajectories
 from mage.run import steps
-from mage.run.loop import Steps, pushes_weights
+from mage.run.loop import Steps
 from mage.run.state import TrainingState
-from mage.sections import splits_of
 from mage.settings import Settings
-from mage.train import checkpoint as ckpt
-from tasks import state as memory
+from tasks import worker
 from tasks.artifacts import publish_league_table, publish_training_table
 from tasks.caching import STEP_DEFAULTS, configured
 from tasks.evaluation import evaluate_split
@@ -37,23 +39,19 @@ from tasks.refs import FileRef
 def rollout_here(state: TrainingState, iteration: int, shard: int) -> tuple[pl.DataFrame, RolloutStats]:
     """Shard ``shard`` of iteration ``iteration``, sampled from the trainer's policy in this process
     (shards on threads take turns on it)."""
-    with memory.LOCK:
-        return steps.rollout(state.settings, state.backend(), iteration, shard, progress=False)
+    with worker.LOCK:
+        return steps.rollout(state.settings, state.backend(), iteration, shard, progress=False,
+                             snapshots=state.snapshots)
 
 
 @task(name="rollout-shard", task_run_name="rollout-{iteration}-shard-{shard}", **STEP_DEFAULTS)
 def rollout_elsewhere(settings: Settings, checkpoint: str | None, iteration: int, shard: int,
                       weights: str | None = None) -> dict[str, Any]:
     """Shard ``shard`` of iteration ``iteration``, sampled from ``checkpoint`` (None: the starting
-    policy; ``weights``: its :func:`~mage.train.checkpoint.weights_id`) by this process's rollout
-    worker, or on Ray by the run's worker actor."""
-    if settings.flow.runner == "ray":
-        from tasks.ray_workers import play_on_ray
-
-        path, stats = play_on_ray(settings, checkpoint, iteration, shard, weights)
-    else:
-        with memory.LOCK:
-            path, stats = steps.play_shard(memory.rollout_worker(settings), iteration, checkpoint, shard, weights)
+    policy; ``weights``: its :func:`~mage.models.checkpoint.weights_id`) by this process's rollout
+    worker (on Ray: ``tasks.ray.steps.rollout_on_ray``)."""
+    with worker.LOCK:
+        path, stats = steps.play_shard(worker.rollout_worker(settings), iteration, checkpoint, shard, weights)
     return {"table": str(path), "stats": stats.__dict__}
 
 
@@ -64,10 +62,10 @@ def score_rollout(settings: Settings, tables: list[pl.DataFrame], iteration: int
 
 
 # No retry: a failed update may leave the weights half-updated. The run resumes from its newest checkpoint.
-@task(name="train-iteration", task_run_name="update-{iteration}", **(STEP_DEFAULTS | {"retries": 0}))
+@task(name="update-policy", task_run_name="update-{iteration}", **(STEP_DEFAULTS | {"retries": 0}))
 def update_policy(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
     """One PPO update of the trainer's policy on the scored table."""
-    with memory.LOCK:
+    with worker.LOCK:
         return steps.update(state, table, iteration)
 
 
@@ -76,23 +74,8 @@ def save_checkpoint(state: TrainingState, metrics: dict[str, Any], iteration: in
                     behind: bool = False) -> ckpt.Checkpoint:
     """Checkpoint the trainer's weights, optimizer and RNG state after ``iteration`` (``behind``:
     its files written while the next rollout plays, :func:`mage.run.loop.writes_behind`)."""
-    with memory.LOCK:
+    with worker.LOCK:
         return steps.save(state, metrics, behind)
-
-
-@task(name="push-weights", task_run_name="push-weights-{iteration}", **STEP_DEFAULTS)
-def push_weights_to_workers(state: TrainingState, checkpoint: ckpt.Checkpoint, iteration: int) -> list[dict[str, Any]]:
-    """The update's weights to the run's rollout worker actors through memory, checked."""
-    from tasks.ray_workers import push_weights
-
-    with memory.LOCK:
-        pushed = push_weights(state, checkpoint)
-    taken = [p for p in pushed if p]
-    if taken:
-        get_run_logger().info(f"weights of update {iteration} to {len(taken)} of {len(pushed)} rollout workers through "
-                              f"memory in {max(p['seconds'] for p in taken):.2f} s, probe log-probs within "
-                              f"{max(p['gap'] for p in taken):.1e} of the trainer's")
-    return pushed
 
 
 class FlowSteps(Steps):
@@ -110,8 +93,6 @@ class FlowSteps(Steps):
         self.model = self._configured(prepare_model)(self.settings)
 
     def rollout(self, state: TrainingState, iteration: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
-        from tasks.ray_workers import shard_options
-
         shards = range(self.settings.flow.rollout_shards)
         if not self.settings.flow.remote_rollouts:
             task = self._configured(rollout_here)
@@ -122,30 +103,27 @@ class FlowSteps(Steps):
         # (behind, where they were pushed its weights: mage.run.loop.writes_behind)
         checkpoint = str(state.checkpoint.path) if state.checkpoint is not None else None
         weights = ckpt.weights_id(state.checkpoint) if state.checkpoint is not None else None
-        task = self._configured(rollout_elsewhere)
-        with shard_options(self.settings.flow):
-            futures = [self.runner.submit(task, {"settings": self.settings, "checkpoint": checkpoint,
-                                                 "iteration": iteration, "shard": s, "weights": weights})
-                       for s in shards]
-        played = [future.result() for future in futures]
+        played = self.play_elsewhere(checkpoint, weights, iteration)
         return [read_trajectories(Path(p["table"])) for p in played], [RolloutStats(**p["stats"]) for p in played]
+
+    def play_elsewhere(self, checkpoint: str | None, weights: str | None, iteration: int) -> list[dict[str, Any]]:
+        """Every shard of ``iteration`` played from ``checkpoint`` (``weights``: its
+        :func:`~mage.models.checkpoint.weights_id`) in the runner's other processes: each
+        shard's ``rollout_elsewhere`` result (its table's path and its stats)."""
+        task = self._configured(rollout_elsewhere)
+        futures = [self.runner.submit(task, {"settings": self.settings, "checkpoint": checkpoint,
+                                             "iteration": iteration, "shard": s, "weights": weights})
+                   for s in range(self.settings.flow.rollout_shards)]
+        return [future.result() for future in futures]
 
     def score(self, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
         return self._configured(score_rollout)(self.settings, tables, iteration)
 
     def update(self, state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[str, float]:
-        if self.settings.train.workers > 1:  # on Ray Train's workers, from the table score_rollout wrote
-            from tasks.train_workers import update_policy_on_workers
-
-            return self._configured(update_policy_on_workers)(state, iteration)
         return self._configured(update_policy)(state, table, iteration)
 
     def save(self, state: TrainingState, metrics: dict[str, Any], behind: bool = False) -> ckpt.Checkpoint:
-        saved = self._configured(save_checkpoint)(state, metrics, state.iteration, behind)
-        # the rollout workers take the new weights from memory; the checkpoint is for resume (the last one: nothing plays)
-        if pushes_weights(self.settings) and state.iteration < self.settings.train.iterations:
-            self._configured(push_weights_to_workers)(state, saved, state.iteration)
-        return saved
+        return self._configured(save_checkpoint)(state, metrics, state.iteration, behind)
 
     def evaluate(self, state: TrainingState) -> dict[str, list[dict[str, Any]]]:
         evaluate = self._configured(evaluate_split)

@@ -23,7 +23,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # workers, DVC's stages and Prefect's, inherit it): the suite runs two pytest workers on two
 # cores, each starting more processes, and OpenMP's threads spin while they wait for one
 # another, so two threads a process on a shared core made the CPU-bound tests about three times
-# slower (BENCHMARKS.md, "The test suite": benchmarks/test_threads.sh). The tests' models are tiny: a second thread bought them nothing.
+# slower (BENCHMARKS.md, "The test suite": scripts/suite/test_threads.sh). The tests' models are tiny: a second thread bought them nothing.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402  (the environment above must be set before any import)
@@ -34,18 +34,18 @@ import pytest  # noqa: E402  (the environment above must be set before any impor
 # here, with the method's values (docs/method.md) or params/'s, and changes what it tests.
 def sampling(**changes):
     """Plain sampling: temperature 1, no top-p or top-k filter, 256 new tokens, phase stops."""
-    from mage.sections import SamplingSettings
+    from mage.config.sections import SamplingSection
 
-    return SamplingSettings(**({"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, "stop": None,
+    return SamplingSection(**({"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_new_tokens": 256, "stop": None,
                                 "seed": None} | changes))
 
 
 def rollout_config(**changes):
     """The method's meta-episodes: 3 episodes, groups of 8, early stop, reflections only, the same
     initial state, prompts of up to 4096 tokens (oldest episodes dropped beyond), all at once."""
-    from mage.sections import RolloutConfig
+    from mage.config.sections import RolloutSection
 
-    return RolloutConfig(**({"episodes": 3, "group_size": 8, "early_stop": True, "context_mode": "reflection_only",
+    return RolloutSection(**({"episodes": 3, "group_size": 8, "early_stop": True, "context_mode": "reflection_only",
                              "same_initial_state": True, "max_prompt_tokens": 4096, "prompt_overflow": "drop_oldest",
                              "concurrency": None} | changes))
 
@@ -91,7 +91,7 @@ def game_text_corpus() -> list[str]:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A small random Qwen2 model and a tokenizer trained on game text, saved to a directory."""
-    from mage.build.tiny import check_round_trip, random_model, train_tokenizer
+    from mage.warmstart.tiny import check_round_trip, random_model, train_tokenizer
 
     directory = tmp_path_factory.mktemp("tiny-model")
     corpus = game_text_corpus()
@@ -117,7 +117,7 @@ def prefect_harness():
 #: the short files, which then fill the gaps: the longest-first rule, whose last file to end
 #: is a short one. (By default xdist orders files by their number of tests, which sends these,
 #: each a few long tests, last.)
-LONGEST_FILES = ("test_adaptation_learning.py", "test_ray_runner.py", "test_ray_train_workers.py", "test_dvc_pipeline.py", "test_vllm_backend.py",
+LONGEST_FILES = ("test_adaptation_learning.py", "test_ray_runner.py", "test_ray_update.py", "test_dvc_pipeline.py", "test_vllm_backend.py",
                  "test_games_end_to_end.py", "test_gpu_check.py", "test_ui_end_to_end.py", "test_flows.py",
                  "test_vllm_weight_sync.py", "test_run.py", "test_paper_table.py", "test_faults.py", "test_trainer.py",
                  "test_stop_signals.py", "test_distributed_update.py", "test_step_reads.py", "test_weight_push.py")
@@ -213,7 +213,7 @@ def _teach_model(directory):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mage.build.tiny import random_model, train_tokenizer
+    from mage.warmstart.tiny import random_model, train_tokenizer
 
     tokenizer = train_tokenizer(game_text_corpus() + list(TAUGHT) + list(TAUGHT.values()), vocab_size=400)
     model = random_model(tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=2, intermediate_size=128)
@@ -359,13 +359,13 @@ def process_ended(process) -> bool:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A Ray cluster of two one-CPU nodes on the loopback interface, one per test module that
-    asks (Ray's switch for a machine that is no cluster: without it Ray turns 127.0.0.1 into
-    this machine's network address); stopped when the module ends."""
+def ray_address():
+    """The address of a Ray cluster of two one-CPU nodes on the loopback interface, one per test
+    module that asks (Ray's switch for a machine that is no cluster: without it Ray turns
+    127.0.0.1 into this machine's network address); stopped when the module ends."""
     from ray.cluster_utils import Cluster
 
-    from flows.ray_cluster import loopback_only
+    from tasks.ray.cluster import loopback_only
 
     node = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False}
     with loopback_only():

@@ -9,7 +9,7 @@ with MAGE at fixed seeds, and each checkpoint plays the training opponents over 
 * with ``engine.context_mode=none`` (no prompt shows an earlier episode, in training and in
   evaluation) the same assertion fails: its interval reaches down to the ceiling or below.
 
-The ceiling is the manifest's (:mod:`mage.ceilings.across_episodes`), checked by hand in
+The ceiling is the manifest's (:mod:`mage.population.ceilings.across_episodes`), checked by hand in
 tests/test_ceilings_across_episodes.py. Both runs are deterministic on one machine: fixed seeds,
 one thread.
 """
@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 from conftest import built_once
 
-from mage.evaluation import evaluate_checkpoint
-from mage.population import seed_population, write_manifest
-from mage.report import per_episode
+from mage.evaluation.play import evaluate_checkpoint
+from mage.models import checkpoint as ckpt
+from mage.population.manifest import seed_population, write_manifest
+from mage.report.intervals import wilson
+from mage.report.tables import per_episode
 from mage.rollout.metrics import ALL
 from mage.run import RunLayout, train
 from mage.settings import load_settings
-from mage.stats import wilson
-from mage.train import checkpoint as ckpt
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def run_settings(root: Path, model: Path, context_mode: str):
 @pytest.fixture(scope="module")
 def warm_start(tmp_path_factory, worker_id) -> Path:
     """The tiny preset of rock-paper-scissors, built once for every worker of the run."""
-    from mage.build import prepare_model
+    from mage.warmstart import prepare_model
 
     def build(directory: Path) -> None:
         settings = load_settings([*SMOKE, f"paths.artifacts={directory}", f"model.path={directory / 'model'}"])
@@ -61,7 +61,7 @@ def warm_start(tmp_path_factory, worker_id) -> Path:
 def success_at_k(root: Path, warm: Path, context_mode: str) -> tuple[float, tuple[float, float], float, int]:
     """Train MAGE from ``warm`` with ``context_mode``; its checkpoint's pass@k on the training
     opponents, the 95% Wilson interval, the memoryless ceiling of the states played, n."""
-    from mage.population import load_manifest
+    from mage.population.manifest import load_manifest
 
     settings = run_settings(root, warm / "model", context_mode)
     train(settings, progress=False)

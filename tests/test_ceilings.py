@@ -12,9 +12,9 @@ from functools import lru_cache
 
 import pytest
 
-from mage.ceilings import opponent_ceilings, proportion_interval
 from mage.games import make_game
 from mage.opponents import make
+from mage.population.ceilings import opponent_ceilings, proportion_interval
 
 J, Q, K = 0, 1, 2
 DEALS = [(a, b) for a in range(3) for b in range(3) if a != b]

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_ceilings import DEALS, KUHN_RULES, PLANS, kuhn_outcomes
 
-from mage.ceilings import KINDS, Unavailable, ceilings_across_episodes, search
 from mage.games import make_game
 from mage.opponents import make
+from mage.population.ceilings import KINDS, Unavailable, ceilings_across_episodes, search
 
 R, P, S = 0, 1, 2
 

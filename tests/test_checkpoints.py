@@ -13,12 +13,12 @@ import torch
 from conftest import algo_config, train_config
 
 from mage import io
+from mage.config.sections import LoraSection
+from mage.models import checkpoint as ckpt
 from mage.models.policy import load_policy
-from mage.sections import LoraSettings
-from mage.train import checkpoint as ckpt
-from mage.train.trainer import PolicyTrainer
+from mage.trainer.policy_trainer import PolicyTrainer
 
-LORA = LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
+LORA = LoraSection(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
 
 
 def saved(tiny_model_dir, root, iterations, lora=None):
@@ -108,7 +108,7 @@ def test_a_lora_checkpoint_is_the_adapter_and_its_optimizer_state_alone(tiny_mod
 
 
 def test_an_evaluation_holds_the_checkpoint_it_plays(tiny_model_dir, tmp_path, monkeypatch):
-    import mage.evaluation as evaluation
+    import mage.evaluation.play as evaluation
 
     policy, trainer, (checkpoint, _) = saved(tiny_model_dir, tmp_path, [1, 2])
     holds = tmp_path / ckpt.HOLDS

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 import flows.__main__ as flows_cli
+
 # Prefect's console handler keeps the sys.stderr of the moment Prefect is imported: imported inside
 # a test (flows_cli.main does), that is the test's captured stream, closed when the test ends, and
 # a later test's log line fails on it (this file alone failed so). Imported here, at collection.
@@ -169,6 +170,42 @@ def test_every_bad_value_stops_the_command_line_before_a_flow_starts(key, monkey
     assert mage_cli.main(["config", text]) == 2
 
 
+#: Bad command lines beyond BAD_VALUES' simplest value of each key, the ones the fault probe of
+#: issue 18 found slipping through at first: bounds at both ends, lists of the wrong length,
+#: names that are not plain, rules between fields, keys and group options that do not exist.
+#: Each is one `config error:` line that names what the last override set (its key, or the
+#: section and the key that a rule or an unknown key is about).
+BAD_COMMAND_LINES = [
+    "engine.groups=abc", "engine.groups=0", "engine.groups=-2", "engine.groups=100000000", "engine.hf.batch_size=0",
+    "engine.max_prompt_tokens=0", "model.device=tpu", "train.betas=[2,3]", "train.betas=[0.9]",
+    "population.seat_split=1.5", "population.seat_split=-0.1", "game.params.turn_limit=0", "train.grad_clip=-1",
+    "algo.kl_coef=-1", "algo.clip_ratio=-0.5", "game.invalid_penalty=-5", "train.learning_rate=1e6",
+    "train.keep_checkpoints=0", "train.eval_every=-1", "flow.retry_delay_seconds=-1", "engine.scripted.invalid_rate=2",
+    "run.name=", "run.name=../../..", "engine.sampling.max_new_tokens=100000000", "model.tiny.num_heads=3",
+    "model.tiny.num_kv_heads=3", "population.train.intermediate.share=0.1", "game=sokoban game.params.max_moves=30",
+    "game=tic_tac_toe game.params.turn_limit=2", "nonexistent.key=1", "+train.extra=1", "algo=nope", "train=",
+    "seed=-1", "flow.api_timeout_seconds=0",
+]
+#: What the line names where it is not the last override's whole key: a rule over a section,
+#: an unknown key of a section.
+NAMED = {"population.train.intermediate.share=0.1": ("population.train",), "+train.extra=1": ("train", "extra")}
+
+
+@pytest.mark.parametrize("command_line", BAD_COMMAND_LINES)
+def test_a_bad_value_on_the_command_line_is_one_line_naming_its_key_and_starts_no_flow(command_line, monkeypatch,
+                                                                                        capsys):
+    import flows
+
+    started = []
+    monkeypatch.setattr(flows, "load", lambda name: started.append(name) or (lambda **_: None))
+    assert flows_cli.main(["train", *command_line.split()]) == 2
+    assert not started, "a flow was started"
+    err = capsys.readouterr().err
+    assert err.startswith("config error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    names = NAMED.get(command_line, (command_line.split()[-1].partition("=")[0].lstrip("+"),))
+    assert all(name in err for name in names), (names, err)
+
+
 @settings(max_examples=40, deadline=None)
 @given(outside(0, 10))
 def test_a_sokoban_box_reward_outside_zero_to_the_payoff_is_rejected_naming_the_key(value):
@@ -263,7 +300,7 @@ def test_a_missing_key_in_the_tree_names_the_key_and_its_file(tmp_path, monkeypa
 def test_no_section_field_has_a_default_every_default_lives_in_params():
     import dataclasses
 
-    import mage.sections as sections
+    import mage.config.sections as sections
 
     kinds = [k for k in vars(sections).values() if isinstance(k, type) and dataclasses.is_dataclass(k)
              and k.__module__ == sections.__name__]

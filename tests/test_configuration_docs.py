@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from mage.__main__ import main
-from mage.config import compose
-from mage.config_docs import COMMAND, DOCS, differences, render
+from mage.config.compose import compose
+from mage.settings.reference import COMMAND, DOCS, differences, render
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from mage.settings import Settings, load_settings
-from mage.train import sharded
-from mage.train.sharded import UpdateJob, run_update
+from mage.trainer import sharded
+from mage.trainer.sharded import UpdateJob, run_update
 
 LORA = "+model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj, up_proj]}"
 
@@ -143,9 +143,9 @@ def test_the_sharded_state_resumes_on_another_number_of_ranks(tiny_model_dir, tm
 def test_a_one_process_checkpoint_is_refused_on_workers_naming_the_key(tiny_model_dir, tmp_path):
     """A run checkpointed by one process (``trainer_state.safetensors``) is not continued on
     workers: the update says so before any work, naming train.workers."""
+    from mage.models import checkpoint as ckpt
     from mage.models.policy import load_run_policy
-    from mage.train import checkpoint as ckpt
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     settings = settings_for(tiny_model_dir, tmp_path)
     table = scored_table(tiny_model_dir, tmp_path / "table.parquet")
@@ -165,8 +165,8 @@ def test_a_one_process_checkpoint_continues_on_two_ranks_as_in_one_process(tiny_
     two ranks' update from it equals one process continuing the checkpoint itself (within 1e-4:
     three AdamW steps, two of them from the checkpoint's moments); the checkpoint's weights and
     moments are what the ranks start from, not the base model's."""
+    from mage.models import checkpoint as ckpt
     from mage.run.state import start_training
-    from mage.train import checkpoint as ckpt
 
     table = scored_table(tiny_model_dir, tmp_path / "table.parquet")
     one = settings_for(tiny_model_dir, tmp_path, *extra)

@@ -2,15 +2,15 @@
 
 - every relative link resolves to a file of the repository, and its #anchor to a heading there;
 - nothing points outside the repository;
-- every path shown in code (`mage/placement.py`, `params/model_game/tiny/<game>.yaml`) exists;
+- every path shown in code (`mage/preflight/placement.py`, `params/model_game/tiny/<game>.yaml`) exists;
 - every command shown (`python -m flows ...`, `python -m mage ...`, `bash scripts/...`,
-  `dvc ...`, `pytest ...`, `python benchmarks/...`) runs where it is cheap (`--help`,
+  `dvc ...`, `pytest ...`, `python benchmarks/...`, `python experiments/...`) runs where it is cheap (`--help`,
   `python -m mage config`, `python -m mage plan`), and otherwise names options that exist: its
   command line parser accepts it, its Hydra overrides compose with `mage.settings.load_settings`,
   the scripts and files it names exist. A transcript of a `config error:` shows the error the
   settings give;
-- every section cited by name, in the docs and in the code, params, tests, benchmarks and
-  scripts (`docs/gpu.md, "The memory plan"`, `BENCHMARKS.md, "Flow overhead"`,
+- every section cited by name, in the docs and in the code, params, tests, benchmarks,
+  experiments and scripts (`docs/gpu.md, "The memory plan"`, `BENCHMARKS.md, "Flow overhead"`,
   `docs/method.md, The metrics`), is a heading of the page it names.
 
 A failure names the doc, the line and what is wrong. Placeholders (`<head>`, `DIR`, `N`, `...`)
@@ -167,7 +167,7 @@ def links(doc: Path) -> list[tuple[int, str]]:
 
 
 def named_path(text: str) -> str | None:
-    """The repository path a code span names (`mage/memory.py`, `docs/gpu.md#the-memory-plan`,
+    """The repository path a code span names (`mage/preflight/memory_plan.py`, `docs/gpu.md#the-memory-plan`,
     `BENCHMARKS.md`), else None: the first folder must be one of the repository's own."""
     if re.search(r"\s", text) or "://" in text or text.startswith(("~", "-", "$", "/")):
         return None
@@ -197,7 +197,7 @@ def check_named_path(doc: Path, line: int, text: str) -> list[str]:
 
 #: Programs whose commands are checked; others (prefect, ray, export) are not.
 PROGRAMS = ("python -m flows.deploy", "python -m flows", "python -m mage", "python -m pytest", "pytest", "dvc",
-            "bash scripts/", "scripts/", "python benchmarks/", "python scripts/")
+            "bash scripts/", "scripts/", "python benchmarks/", "python experiments/", "python scripts/")
 
 
 @dataclass(frozen=True)
@@ -512,9 +512,9 @@ def check_error_shown(command: Command, overrides: list[str]) -> str | None:
 
 # --- sections cited by name ----------------------------------------------------------------
 
-#: Where sections of a page are cited by name: the code, params, tests, benchmarks, scripts and
-#: the docs themselves.
-CITING_FOLDERS = ("mage", "tasks", "flows", "params", "tests", "benchmarks", "scripts")
+#: Where sections of a page are cited by name: the code, params, tests, benchmarks, experiments,
+#: scripts and the docs themselves.
+CITING_FOLDERS = ("mage", "tasks", "flows", "params", "tests", "benchmarks", "experiments", "scripts")
 CITING_SUFFIXES = (".py", ".yaml", ".yml", ".sh", ".md")
 
 #: A page named in the text: README or BENCHMARKS (with or without .md) or a page under docs/,
@@ -740,7 +740,7 @@ def test_a_transcript_s_config_error_is_the_one_the_settings_give(monkeypatch, t
 
 
 def test_every_cited_section_is_a_heading_of_its_page():
-    """A section cited by name in the code, params, tests, benchmarks, scripts or docs, such as
+    """A section cited by name in the code, params, tests, benchmarks, experiments, scripts or docs, such as
     (docs/gpu.md, "The memory plan"), (BENCHMARKS.md, "Flow overhead") or (docs/method.md, The
     metrics): its page exists and has that heading, or one that starts with it."""
     problems = [problem for source in citing_files() for problem in citation_problems(source)]

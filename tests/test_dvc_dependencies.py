@@ -57,12 +57,13 @@ def test_a_stage_declares_the_code_its_flow_imports(name):
 
 
 def test_the_closure_follows_lazy_imports_and_packages():
-    # flows/train imports the Ray workers inside a function (tasks.training does), and importing
-    # tasks.training runs tasks/__init__.py and mage/run/__init__.py
-    found = closure("flows.train")
-    assert {"tasks/ray_workers.py", "tasks/__init__.py", "mage/run/loop.py", "mage/run/__init__.py"} <= found
+    # flows/training imports the Ray steps inside a function (flow_steps), and importing them runs
+    # tasks/__init__.py and tasks/ray/__init__.py; tasks.training's imports run mage/run/__init__.py
+    found = closure("flows.training")
+    assert {"tasks/ray/steps.py", "tasks/ray/rollouts.py", "tasks/ray/__init__.py", "tasks/__init__.py",
+            "mage/run/loop.py", "mage/run/__init__.py"} <= found
     # the population stage never reaches the training tasks
-    assert "tasks/training.py" not in closure("flows.seed_population")
+    assert "tasks/training.py" not in closure("flows.population")
 
 
 #: The steps (mage.run.reads.READS) whose results each stage's outputs are. The train stage's

@@ -108,7 +108,7 @@ def file_digest(path: Path) -> str:
 
 
 def test_the_committed_params_yaml_is_the_composition_of_params(tmp_path):
-    from mage.config import dump
+    from mage.config.compose import dump
 
     assert (REPO / "params.yaml").read_text() == dump(), "regenerate it: python -m mage config --output params.yaml"
 
@@ -124,7 +124,7 @@ def test_dvc_composes_each_game_as_the_flows_do(overrides, tmp_path):
     from dvc.utils.hydra import compose_and_dump
     from omegaconf import OmegaConf
 
-    from mage.config import compose
+    from mage.config.compose import compose
 
     compose_and_dump(tmp_path / "params.yaml", str(REPO / "params"), None, "config", str(REPO), overrides)
     by_dvc = yaml.safe_load((tmp_path / "params.yaml").read_text())

@@ -21,21 +21,21 @@ from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
 from safetensors.torch import load_file
 
 from flows import evaluate, nightly_evaluation, train
+from mage.models import checkpoint as ckpt
 from mage.run import RunLayout, steps
 from mage.run import train as library_train
 from mage.run.layout import evaluation_dir
 from mage.settings import SettingsError, load_settings
-from mage.train import checkpoint as ckpt
-from tasks import state as memory
+from tasks import worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture(autouse=True)
 def fresh_memory():
-    memory.forget()
+    worker.forget()
     yield
-    memory.forget()
+    worker.forget()
 
 
 def overrides(model_dir: Path, artifacts: Path, *extra: str) -> list[str]:
@@ -255,23 +255,23 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     rows = json.loads(shown[0]["data"]) if isinstance(shown[0]["data"], str) else shown[0]["data"]
     assert {row["player"] for row in rows} >= {"agent", "snapshot-1", "conservative"}
     result = evaluate(args, split="all")
-    report = json.loads(Path(result["files"]["report"].path).read_text())
+    report = json.loads(Path(result["files"]["report"]).read_text())
     assert {row["player"] for row in report["league"]} >= {"agent", "snapshot-1"}
     assert set(report["splits"]) == {"train", "held_out"}
     assert report["about"]["checkpoint"].endswith("ckpt-00002")
     held_out = {o["opponent"] for o in report["splits"]["held_out"]["opponents"]} - {"all"}
     assert held_out == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
-    assert Path(result["files"]["success_by_episode"].path).stat().st_size > 0
+    assert Path(result["files"]["success_by_episode"]).stat().st_size > 0
     # Kuhn Poker: the checkpoint's exploitability, read from the checkpoint the evaluation loaded,
     # equals the one the trainer measured on its weights in memory after the same update
     figures = report["exploitability"]
     assert figures["policy"]["policy"]["checkpoint"].endswith("ckpt-00002") and figures["start"]["policy"]["iteration"] == 0
     history = [json.loads(line) for line in layout.metrics.read_text().splitlines()]
     assert figures["policy"]["exploitability"] == pytest.approx(history[-1]["train/exploitability"], abs=1e-6)
-    headline = json.loads(Path(result["files"]["metrics"].path).read_text())
+    headline = json.loads(Path(result["files"]["metrics"]).read_text())
     assert headline["exploitability"] == pytest.approx(figures["policy"]["exploitability"], abs=1e-6)
     assert headline["start_exploitability"] == pytest.approx(figures["start"]["exploitability"], abs=1e-6)
-    assert "## Exploitability (Kuhn Poker" in Path(result["files"]["markdown"].path).read_text()
+    assert "## Exploitability (Kuhn Poker" in Path(result["files"]["markdown"]).read_text()
 
     # The larger evaluation of docs/report.md ("Reporting on tables evaluated earlier"), as typed there
     # (overrides before the options): its tables, the start's too, go to a directory of their own; the
@@ -305,8 +305,24 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
     assert about["iteration"] == 1 == pl.read_parquet(earlier / "train.parquet")["iteration"].unique().item()
     assert "train/gain_over_start" in json.loads((earlier_report / "metrics.json").read_text())
     assert "compared_with" not in about
+    # From Python, the library's calls reproduce the two flows: the same checkpoint played into
+    # the same tables, and their report, byte for byte, beside the same starting tables
+    import mage.run
+
+    by_library, library_report = tmp_path / "eval-ckpt1-library", tmp_path / "report-ckpt1-library"
+    played = mage.run.evaluate(settings, checkpoint=first, split="all", out_dir=by_library, report=False)
+    assert played["directory"] == str(by_library)
+    assert {split: Path(table).read_bytes() for split, table in played["tables"].items()} == \
+        {split: (earlier / f"{split}.parquet").read_bytes() for split in ("train", "held_out")}
+    mage.run.report(settings, evaluation_dir=earlier, out_dir=library_report)
+    flow_files = {p.relative_to(earlier_report): p.read_bytes() for p in earlier_report.rglob("*") if p.is_file()}
+    library_files = {p.relative_to(library_report): p.read_bytes() for p in library_report.rglob("*") if p.is_file()}
+    assert {"report.json", "report.md", "metrics.json"} <= {str(name) for name in flow_files}
+    assert sorted(library_files) == sorted(flow_files)
+    assert [name for name in flow_files if library_files[name] != flow_files[name]] == []
+    assert headline.read_text() == '{"sentinel": 1}\n'  # neither is the final checkpoint's report
     # the final checkpoint's tables as the start: the report says what its gains are over
-    final_tables = Path(result["files"]["report"].path).parent
+    final_tables = Path(result["files"]["report"]).parent
     assert cli.main(["report", *args, "--evaluation-dir", str(earlier), "--start-dir", str(final_tables),
                      "--out-dir", str(tmp_path / "report-1-over-2")]) == 0
     about = json.loads((tmp_path / "report-1-over-2" / "report.json").read_text())["about"]
@@ -372,20 +388,20 @@ def test_evaluate_and_nightly_evaluation_write_reports(tiny_model_dir, tmp_path,
 
     # A run copied elsewhere (as DVC restores an experiment run in a temporary workspace) names
     # its own final checkpoint, not the original's.
-    from flows.evaluate import checkpoint_ref
+    from mage.run.evaluation import final_policy
 
     copied = RunLayout.of(settings).root.parent / "copied"
     shutil.copytree(RunLayout.of(settings).root, copied)
-    assert Path(checkpoint_ref(settings, None, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
+    assert Path(final_policy(settings, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
     # final.json, not the newest checkpoint: a later one (a longer run's, say) does not replace it
     shutil.copytree(copied / "checkpoints" / "ckpt-00002", copied / "checkpoints" / "ckpt-00003")
     assert ckpt.latest_checkpoint(copied / "checkpoints").path.name == "ckpt-00003"
-    assert Path(checkpoint_ref(settings, None, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
+    assert Path(final_policy(settings, run="copied").path) == copied / "checkpoints" / "ckpt-00002"
     # files of before hold the path as the run was given it: absolute, or relative to the working directory
     for recorded in (str(copied / "checkpoints" / "ckpt-00002"), "copied/checkpoints/ckpt-00002"):
         (copied / "final.json").write_text(json.dumps({"checkpoint": recorded}))
         with contextlib.chdir(copied.parent):
-            found = Path(checkpoint_ref(settings, None, run="copied").path)
+            found = Path(final_policy(settings, run="copied").path)
         assert (copied.parent / found).resolve() == (copied / "checkpoints" / "ckpt-00002").resolve()
 
 

@@ -11,9 +11,9 @@ import polars as pl
 import pytest
 
 from flows import pipeline
-from mage.config import compose
-from mage.population import population_entries
-from tasks import state as memory
+from mage.config.compose import compose
+from mage.settings.entries import population_entries
+from tasks import worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
@@ -97,10 +97,10 @@ def assert_agrees(figures: dict, expected: dict[str, dict], where: tuple) -> Non
 
 @pytest.mark.parametrize(("game", "chosen", "preset_dir"), RUNS, ids=[" ".join(run[1]) for run in RUNS])
 def test_the_pipeline_runs_every_game_from_nothing(game, chosen, preset_dir, tmp_path):
-    memory.forget()
+    worker.forget()
     overrides = [*chosen, f"paths.artifacts={tmp_path}", f"paths.results={tmp_path}/results", *SMOKE]
     result = pipeline(overrides)
-    memory.forget()
+    worker.forget()
 
     preset = json.loads((tmp_path / "models" / preset_dir / "preset.json").read_text())
     rule = preset["build"]["bc_rules"][0]

@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from mage.backends import GenerationRequest
 from mage.backends.hf import HFBackend
+from mage.config.sections import LoraSection
 from mage.models.policy import load_policy
-from mage.sections import LoraSettings
-from mage.train.trainer import PolicyTrainer
+from mage.trainer.policy_trainer import PolicyTrainer
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ def test_bf16_lora_update_moves_log_probs_with_the_advantage(tiny_model_dir):
     from test_trainer import fixed_batch, sequence_logprob  # the CPU test's batch and measure
 
     policy = load_policy(tiny_model_dir, dtype="bfloat16", device="cuda",
-                         lora=LoraSettings(r=8, alpha=16, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj")))
+                         lora=LoraSection(r=8, alpha=16, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj")))
     trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2, mini_batch_size=4), algo_config())
     table = fixed_batch(policy)
 
@@ -57,8 +57,8 @@ def test_the_tiny_build_clones_and_checks_on_the_gpu(tmp_path):
 
     from test_tiny_preset import SMALL
 
-    from mage.build.preset import build_tiny
     from mage.settings import load_settings
+    from mage.warmstart.preset import build_tiny
 
     directory = build_tiny(load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cuda"]), progress=False)
     preset = json.loads((directory / "preset.json").read_text())

@@ -1,4 +1,4 @@
-"""The league (mage.league, population.league): ratings against openskill's own updates, PFSP
+"""The league (mage.population.league, population.league): ratings against openskill's own updates, PFSP
 weights by their formula, who joins and who leaves, and a training run whose snapshots play,
 stay on disk while they do, and resume bitwise."""
 
@@ -8,11 +8,12 @@ import dataclasses
 
 import polars as pl
 import pytest
+from conftest import defaults, prefect_home
 from openskill.models import PlackettLuce
 
-from mage import io, league
+from mage import io
 from mage.opponents import MODEL_OPPONENT
-from conftest import defaults, prefect_home
+from mage.population import league
 
 LEAGUE = dataclasses.replace(defaults().population.league, enabled=True, snapshot_every=2, max_size=2, share=0.5,
                              evict="oldest", pfsp_power=2.0)

@@ -1,4 +1,4 @@
-"""The memory plan (mage.memory) and the GPU presets: parameter counts against transformers'
+"""The memory plan (mage.preflight.memory_plan) and the GPU presets: parameter counts against transformers'
 and peft's own models (built on the meta device: no memory), refusals that name the key,
 before any work, and presets that carry their own settings."""
 
@@ -12,9 +12,8 @@ from conftest import defaults
 # first imported, and a test's captured stream is closed after it
 from flows.__main__ import main as flows_main
 from flows.common import settings_for
-from mage.memory import GIB, MemoryPlanError, Shape, check_fits, plan
 from mage.models.shapes import PRESETS, SHAPES
-
+from mage.preflight.memory_plan import GIB, MemoryPlanError, Shape, check_fits, plan
 
 
 @pytest.mark.parametrize("hub_id", sorted(SHAPES))
@@ -72,9 +71,9 @@ def test_a_configuration_that_cannot_fit_is_refused_naming_the_key(overrides, ke
 def test_a_flow_refuses_before_any_work(tmp_path, monkeypatch, capsys):
     """As if on an 80 GiB GPU: the command stops with one line, before a Prefect server, a
     model or the artifacts folder."""
-    import mage.memory
+    import mage.preflight.memory_plan
 
-    monkeypatch.setattr(mage.memory, "device_capacity", lambda settings: ("an 80 GiB GPU", 80 * GIB))
+    monkeypatch.setattr(mage.preflight.memory_plan, "device_capacity", lambda settings: ("an 80 GiB GPU", 80 * GIB))
     artifacts = tmp_path / "artifacts"
     code = flows_main(["train", "model=qwen3_4b", "train.gradient_checkpointing=false", f"paths.artifacts={artifacts}"])
     assert code == 2 and not artifacts.exists()

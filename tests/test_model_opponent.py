@@ -10,13 +10,13 @@ import json
 
 import polars as pl
 import pytest
+from conftest import defaults, rollout_config, sampling
 
-from mage import exploitability as kuhn
 from mage.backends.scripted import ScriptedBackend
+from mage.evaluation import exploitability as kuhn
 from mage.games.kuhn_poker import KuhnPoker
 from mage.opponents import MODEL_OPPONENT
 from mage.rollout import RolloutEngine, plan_meta_episodes
-from conftest import defaults, rollout_config, sampling
 
 
 class Recording(ScriptedBackend):
@@ -115,7 +115,7 @@ def test_the_opponent_sees_its_own_card_and_nothing_of_the_agent_s():
         shown = request.prompt.replace(KuhnPoker().rules_text(), "")  # the rules name every card
         assert f"Your card: {names[own]}" in shown and names[agent] not in shown
         # the first-episode prompt the snapshot saw in training (3 episodes announced), which is also
-        # the one its exploitability is read at (mage.exploitability)
+        # the one its exploitability is read at (mage.evaluation.exploitability)
         betting = tuple(int(a) for a in view.state.history()[2:])
         info = kuhn.InformationState(view.agent, own, betting)
         assert request.prompt == kuhn.first_episode_prompt(KuhnPoker(), info, 3, "reflection_only")

@@ -1,4 +1,4 @@
-"""benchmarks/paper_table.py: its smallest setting runs end to end and resumes, and its
+"""experiments/paper_table.py: its smallest setting runs end to end and resumes, and its
 figures agree with a second computation on tables of known outcomes (scripted players)."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import psutil
 import pytest
 from conftest import process_ended
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+sys.path.insert(0, str(EXPERIMENTS))
 
 
 @pytest.mark.e2e
 def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, str(BENCHMARKS / "paper_table.py"), "--smoke", "--out", str(out)]
+    command = [sys.executable, str(EXPERIMENTS / "paper_table.py"), "--smoke", "--out", str(out)]
     # two worker processes, one per core of the CI machine; the resume below runs without them
     done = subprocess.run([*command, "--jobs", "2", "--threads", "1"], capture_output=True, text=True, timeout=600,
                           check=False)
@@ -62,7 +62,7 @@ def test_smoke_runs_every_game_and_method_and_resumes(tmp_path):
 @pytest.mark.e2e
 def test_workers_end_with_a_killed_driver(tmp_path):
     """A driver killed mid-run (SIGKILL: no clean-up of its own runs) leaves no worker running."""
-    driver = (f"import os, sys, time; sys.path.insert(0, {str(BENCHMARKS)!r}); from paper_table import worker_pool\n"
+    driver = (f"import os, sys, time; sys.path.insert(0, {str(EXPERIMENTS)!r}); from paper_table import worker_pool\n"
               "pool = worker_pool(1)\n"
               "print(pool.submit(os.getpid).result(), flush=True)\n"
               "pool.submit(time.sleep, 600); time.sleep(3); os.kill(os.getpid(), 9)\n")
@@ -86,8 +86,8 @@ def scripted_tables(tmp_path_factory):
     """Kuhn Poker evaluations of three scripted players on the same initial states: the
     'warm start' (random) and two 'runs' (random with other seeds, and a rule player)."""
     from mage.backends.scripted import ScriptedBackend
-    from mage.evaluation import evaluate
-    from mage.population import seed_population, write_manifest
+    from mage.evaluation.play import evaluate
+    from mage.population.manifest import seed_population, write_manifest
     from mage.rollout import write_trajectories
     from mage.settings import load_settings
 
@@ -121,7 +121,7 @@ def wilson_by_hand(wins: int, n: int, z: float = 1.959963984540054) -> tuple[flo
 def test_figures_and_seed_means_match_a_second_computation(scripted_tables):
     from paper_table_report import across_seeds, figures, read_tables
 
-    from mage.population import load_manifest
+    from mage.population.manifest import load_manifest
 
     tables, manifest, episodes = scripted_tables
     manifest = load_manifest(manifest)

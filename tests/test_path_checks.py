@@ -1,4 +1,4 @@
-"""Paths checked before any work (mage/path_checks.py): each bad ``paths.*`` or ``model.path``
+"""Paths checked before any work (mage/preflight/paths.py): each bad ``paths.*`` or ``model.path``
 is one line naming the key, from the library and from ``python -m flows`` in seconds."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import tmpfs_at
 
-from mage.path_checks import check_paths
+from mage.preflight.paths import check_paths
 from mage.settings import SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The update's workers and the engines on a Ray cluster (mage.placement): the keys and their
+"""The update's workers and the engines on a Ray cluster (mage.preflight.placement): the keys and their
 rules between sections, the fit against the cluster's resources against a packing written
 here, a flow that refuses before any work, the memory plan per GPU, and +experiment=paper_8gpu."""
 
@@ -13,8 +13,8 @@ from conftest import defaults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mage.memory import GIB, check_fits, gpu_plans, plan
-from mage.placement import PlacementError, check_placement, placement
+from mage.preflight.memory_plan import GIB, check_fits, gpu_plans, plan
+from mage.preflight.placement import PlacementError, check_placement, placement
 from mage.settings import SettingsError
 
 # Qwen3-4B (tests/test_memory_plan.py checks these against transformers' and peft's models)
@@ -125,12 +125,12 @@ def test_colocated_on_cpus_is_allowed():
 
 
 def test_a_training_flow_on_ray_refuses_a_placement_that_does_not_fit_before_any_work(monkeypatch):
-    """The flow's check right after Ray connects (flows.ray_cluster.on_ray, which the train flow
+    """The flow's check right after Ray connects (tasks.ray.cluster.on_ray, which the train flow
     enters before its first step): with 7 GPUs for paper_8gpu's 8 it fails naming the key, before
     the nodes are inspected (a marker file on the shared root) or a worker actor starts."""
     import ray
 
-    import flows.ray_cluster as cluster
+    import tasks.ray.cluster as cluster
 
     touched = []
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0, "GPU": 7.0})

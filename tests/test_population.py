@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from mage.config import compose
+from mage.config.compose import compose
 from mage.games.sokoban import generate_level
-from mage.population import load_manifest, population_entries, seed_population, write_manifest
+from mage.population.manifest import load_manifest, seed_population, write_manifest
 from mage.settings import load_settings
+from mage.settings.entries import population_entries
 
 
 def test_training_populations_follow_the_spec():
@@ -95,7 +96,7 @@ def test_kuhn_manifest(tmp_path):
 
 
 def test_rock_paper_scissors_manifest_holds_the_three_ceilings_per_k():
-    from mage.population import adaptation_lines, split_ceilings
+    from mage.population.manifest import adaptation_lines, split_ceilings
 
     manifest = seed_population(load_settings(["game=rock_paper_scissors"]), progress=False)
     by_id = {o["id"]: o for o in manifest["opponents"]}
@@ -119,7 +120,7 @@ def test_rock_paper_scissors_manifest_holds_the_three_ceilings_per_k():
 
 
 def test_the_three_ceilings_say_why_they_are_missing():
-    from mage.population import split_ceilings
+    from mage.population.manifest import split_ceilings
 
     sokoban = seed_population(load_settings(["game=sokoban"]), progress=False)
     assert "one-player puzzle" in split_ceilings(sokoban, "train")

@@ -21,19 +21,19 @@ from conftest import prefect_home
 from test_flows import final_weights, overrides, task_runs
 
 from flows import evaluate, train
-from flows.ray_cluster import ClusterError
 from mage.run import RunLayout
 from mage.settings import load_settings
-from tasks import state as memory
+from tasks import worker
+from tasks.ray.cluster import ClusterError
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture(autouse=True)
 def fresh_memory():
-    memory.forget()
+    worker.forget()
     yield
-    memory.forget()
+    worker.forget()
 
 
 def on(address: str) -> list[str]:
@@ -45,7 +45,7 @@ def test_a_local_ray_listens_on_the_loopback_interface_only():
     A task runs first, so that a worker process (which serves its own port) is among them."""
     import ray
 
-    from flows.ray_cluster import ray_runner
+    from tasks.ray.cluster import ray_runner
 
     class Worker:
         def pid(self) -> int:
@@ -73,7 +73,7 @@ def test_the_loopback_switch_leaves_a_lazily_imported_ray_whole():
     import sys
 
     check = ("import sys, test_flows\n"
-             "from flows.ray_cluster import loopback_only\n"
+             "from tasks.ray.cluster import loopback_only\n"
              "with loopback_only(): pass\n"
              "import ray\n"
              "assert not ray.is_initialized() and 'worker' in vars(sys.modules['ray._private'])\n")
@@ -123,8 +123,8 @@ def on_one_machine(tiny_model_dir, tmp_path_factory):
     return {"tables": tables(settings), "weights": final_weights(settings), "config": config}
 
 
-def test_train_on_ray_gives_the_thread_runner_s_table_and_weights(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
-    config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster))
+def test_train_on_ray_gives_the_thread_runner_s_table_and_weights(ray_address, tiny_model_dir, tmp_path, on_one_machine):
+    config = overrides(tiny_model_dir, tmp_path, *on(ray_address))
     state = train(config, return_state=True)
     assert state.is_completed()
     assert_same_run(config, on_one_machine)
@@ -148,10 +148,10 @@ def task_logs(run) -> list[str]:
     return [log.message for log in found]
 
 
-def test_a_ray_run_resumes_what_the_thread_runner_finished(ray_cluster, on_one_machine):
+def test_a_ray_run_resumes_what_the_thread_runner_finished(ray_address, on_one_machine):
     """Where the shards run is no part of a run's identity (``flow.runner``; the shard count
     is): the thread runner's finished run, run again on Ray, computes nothing."""
-    state = train([*on_one_machine["config"], *on(ray_cluster)], return_state=True)
+    state = train([*on_one_machine["config"], *on(ray_address)], return_state=True)
     assert state.is_completed()
     runs = task_runs(state)
     assert set(runs) == {"prepare-model"} and runs["prepare-model"].state.name == "Cached", set(runs)
@@ -211,10 +211,10 @@ def killing_the_first(marker: str, ready: Callable[[], bool] = lambda: True) -> 
         killer.join(5)
 
 
-def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
+def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_address, tiny_model_dir, tmp_path, on_one_machine):
     """SIGKILL one worker actor in the middle of its first shard: Ray starts it again, Prefect
     retries that shard alone, and the run ends with the thread runner's weights."""
-    config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster), "flow.retries=2")
+    config = overrides(tiny_model_dir, tmp_path, *on(ray_address), "flow.retries=2")
     with killing_the_first("RolloutActor.play") as killed:
         state = train(config, return_state=True)
     assert killed, "no worker actor was seen playing"
@@ -226,11 +226,11 @@ def test_a_killed_worker_actor_is_retried_and_nothing_is_lost(ray_cluster, tiny_
     assert_same_run(config, on_one_machine)
 
 
-def test_per_task_workers_survive_a_killed_task_process(ray_cluster, tiny_model_dir, tmp_path, on_one_machine):
+def test_per_task_workers_survive_a_killed_task_process(ray_address, tiny_model_dir, tmp_path, on_one_machine):
     """``flow.ray.long_lived_workers=false``: each shard is a Ray task that builds its own
     engine. SIGKILL the first one's process: it took Prefect's task engine with it, so Ray runs
     it again, and the run ends with the thread runner's tables and weights."""
-    config = overrides(tiny_model_dir, tmp_path, *on(ray_cluster), "flow.ray.long_lived_workers=false")
+    config = overrides(tiny_model_dir, tmp_path, *on(ray_address), "flow.ray.long_lived_workers=false")
     with killing_the_first("ray::rollout-shard") as killed:
         state = train(config, return_state=True)
     assert killed, "no shard task was seen running"
@@ -238,20 +238,20 @@ def test_per_task_workers_survive_a_killed_task_process(ray_cluster, tiny_model_
     assert_same_run(config, on_one_machine)
 
 
-def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluster):
+def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_address):
     """wait_until_started returns once a killed actor has restarted; when its restarts are
     spent it raises an error that the retry rule refuses, where Ray's own is retried."""
     import ray
 
     from tasks.caching import is_transient
-    from tasks.ray_workers import RolloutWorkerGone, wait_until_started
+    from tasks.ray.rollouts import RolloutWorkerGone, wait_until_started
 
     @ray.remote(num_cpus=0, max_restarts=1, max_task_retries=0)
     class Probe:
         def pid(self) -> int:
             return os.getpid()
 
-    ray.init(address=ray_cluster)
+    ray.init(address=ray_address)
     try:
         actor = Probe.remote()
         first = ray.get(actor.pid.remote())
@@ -268,15 +268,15 @@ def test_a_restarting_worker_is_awaited_and_a_dead_one_is_not_retried(ray_cluste
         ray.shutdown()
 
 
-def test_evaluate_on_ray_gives_the_same_report_through_a_killed_split(ray_cluster, tiny_model_dir, tmp_path,
+def test_evaluate_on_ray_gives_the_same_report_through_a_killed_split(ray_address, tiny_model_dir, tmp_path,
                                                                      on_one_machine):
     """Each split is a Ray task that runs Prefect's task engine. SIGKILL the first one: Ray
-    runs it again (as a shard's, ``tasks.ray_workers.shard_options``), and the report is the one machine's."""
+    runs it again (as a shard's, ``tasks.ray.rollouts.shard_options``), and the report is the one machine's."""
     config = on_one_machine["config"]
     checkpoint = str(max(RunLayout.of(load_settings(config)).checkpoints.glob("ckpt-*")))
     here = evaluate(config, checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "thread"))
     with killing_the_first("ray::evaluate-checkpoint") as killed:
-        there = evaluate([*config, *on(ray_cluster)], checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "ray"))
+        there = evaluate([*config, *on(ray_address)], checkpoint=checkpoint, split="all", out_dir=str(tmp_path / "ray"))
     assert killed, "no evaluation split was seen running on Ray"
     assert here["metrics"] == there["metrics"] and here["metrics"]
     for split in ("train", "held_out"):
@@ -293,9 +293,9 @@ def nothing_played(artifacts: Path) -> bool:
 # this test. The timeout turns the failure it guards against, shards that wait for CPUs
 # the cluster will never have, into a failure instead of a hang.
 @pytest.mark.timeout(600)
-def test_more_workers_than_the_cluster_holds_fail_at_once_naming_the_key(ray_cluster, tiny_model_dir, tmp_path):
+def test_more_workers_than_the_cluster_holds_fail_at_once_naming_the_key(ray_address, tiny_model_dir, tmp_path):
     with pytest.raises(ClusterError, match=r"^flow\.rollout_shards: 3 rollout workers of 1 CPU each .* has 2"):
-        train(overrides(tiny_model_dir, tmp_path, "flow.runner=ray", f"flow.ray.address={ray_cluster}",
+        train(overrides(tiny_model_dir, tmp_path, "flow.runner=ray", f"flow.ray.address={ray_address}",
                         "flow.rollout_shards=3", "engine.groups=3"))
     assert nothing_played(tmp_path)
 
@@ -379,7 +379,7 @@ def node_without(hidden: Path) -> Iterator[str]:
 
 @pytest.mark.timeout(600)
 def test_a_node_that_cannot_see_the_shared_root_is_named_before_any_work(tiny_model_dir, tmp_path):
-    from flows.ray_cluster import loopback_only
+    from tasks.ray.cluster import loopback_only
 
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()

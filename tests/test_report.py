@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mage.report import build_report, headline_metrics, write_report
-from mage.report_markdown import to_markdown
+from mage.report.markdown import to_markdown
+from mage.report.tables import build_report, headline_metrics, write_report
 from mage.rollout.schema import from_rows
 
 J, Q, K = 0, 1, 2
@@ -303,7 +303,7 @@ def test_plots_number_iterations_and_episodes_with_whole_numbers():
     """Three iterations and three episodes: matplotlib's default ticks would be 1.0, 1.5, ...,
     2.5; every plot the report draws labels them 1, 2, 3. The learning curves carry the
     training sentence under them, the evaluation figures their sampling."""
-    from mage.plots import learning_curves_figure, success_by_episode_figure
+    from mage.report.plots import learning_curves_figure, success_by_episode_figure
 
     report = build_report({"train": TABLE}, MANIFEST, {"sampling": {"temperature": 0.6}}, 3,
                           start_tables={"train": start_of(TABLE)}, history=HISTORY[:3], training_temperature=1.0)
@@ -330,7 +330,7 @@ def test_plots_number_iterations_and_episodes_with_whole_numbers():
 def test_wilson_agrees_with_scipy_and_the_bootstrap_covers_the_mean():
     import numpy as np
 
-    from mage.stats import group_bootstrap, wilson
+    from mage.report.intervals import group_bootstrap, wilson
 
     for successes, trials in ((0, 10), (3, 10), (10, 10), (192, 384)):
         assert list(wilson(successes, trials)) == pytest.approx(wilson_by_scipy(successes, trials))
@@ -367,7 +367,7 @@ def test_report_intervals_follow_from_the_groups_not_from_the_row_order(order):
     groups taken by hand."""
     import numpy as np
 
-    from mage.stats import group_bootstrap
+    from mage.report.intervals import group_bootstrap
 
     rows = _many_groups_table()
     report = build_report({"train": from_rows([rows[i] for i in order])}, MANIFEST, {"checkpoint": "c"}, episodes=2)
@@ -406,7 +406,7 @@ DEFECTS = {
 
 
 def read_back(directory, content) -> dict | None:
-    from mage.evaluation import recorded_policy
+    from mage.evaluation.play import recorded_policy
 
     metrics = directory / "train-metrics.json"
     metrics.write_bytes(content) if isinstance(content, bytes) else metrics.write_text(json.dumps(content))
@@ -427,19 +427,19 @@ def test_a_whole_policy_record_is_read_back_and_a_broken_one_is_none(tmp_path_fa
 @given(content=st.one_of(JSON, st.fixed_dictionaries({"policy": JSON}), st.binary(max_size=16)))
 def test_whatever_a_metrics_file_holds_the_record_reader_does_not_raise(tmp_path_factory, content):
     """``{split}-metrics.json`` is read back from disk: a record comes back whole or not at all."""
-    from mage.evaluation import RECORD_KEYS
-    from tasks.evaluation import recorded_checkpoint
+    from mage.evaluation.play import RECORD_KEYS
+    from mage.run.evaluation import Policy
 
     record = read_back(tmp_path_factory.mktemp("tables"), content)
     if record is not None:
         assert RECORD_KEYS <= record.keys() and record == content["policy"]
-        checkpoint = recorded_checkpoint(record)
+        checkpoint = Policy.recorded(record)
         assert checkpoint is None or (checkpoint.path, checkpoint.sha256) == (record["checkpoint"],
                                                                                record["checkpoint_sha256"])
 
 
 def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp_path):
-    from mage.evaluation import recorded_policy
+    from mage.evaluation.play import recorded_policy
     from mage.io import IncompatibleFilesError
 
     sampling = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "max_new_tokens": 64}
@@ -468,7 +468,7 @@ def test_whole_policy_records_are_read_back_and_a_mixed_directory_is_refused(tmp
     '{"policy": {"checkpoint": "", "checkpoint_sha256": "", "iteration": 0, "sampling": {}}}',
 ])
 def test_a_policy_record_that_cannot_be_right_is_no_record(tmp_path, content):
-    from mage.evaluation import recorded_policy
+    from mage.evaluation.play import recorded_policy
 
     (tmp_path / "train-metrics.json").write_text(content)
     assert recorded_policy({"train": tmp_path / "train.parquet"}) is None

@@ -30,7 +30,7 @@ from mage.protocol import parse_action
 from mage.rollout import RolloutEngine, plan_meta_episodes
 from mage.rollout.prompts import EpisodeRecord, play_prompt
 from mage.rollout.schema import from_rows
-from mage.train.trainer import PolicyTrainer
+from mage.trainer.policy_trainer import PolicyTrainer
 
 GAME = "rock_paper_scissors"
 # who wins, written out again: (mine, theirs) -> outcome
@@ -242,7 +242,7 @@ def test_the_recalling_player_thinks_its_last_plan_and_plays_as_it_would_anyway(
 
 
 def test_reflections_that_state_the_moves_are_counted_by_hand():
-    from mage.build.preset import reflections_state_the_moves
+    from mage.warmstart.preset import reflections_state_the_moves
 
     reflections = play(False, "reflection_only").filter(pl.col("phase") == "reflect")
     assert reflections_state_the_moves(reflections) == 1.0  # the scripted player reads every episode

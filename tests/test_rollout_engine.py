@@ -10,9 +10,9 @@ import pytest
 from conftest import rollout_config, sampling
 
 from mage.backends.scripted import ScriptedBackend
-from mage.config import compose
+from mage.config.compose import compose
+from mage.config.sections import PopulationEntry
 from mage.games.kuhn_poker import BET, PASS
-from mage.population import population_entries
 from mage.rollout import (
     RolloutEngine,
     plan_meta_episodes,
@@ -22,7 +22,7 @@ from mage.rollout import (
 from mage.rollout.plan import MetaEpisodeSpec
 from mage.rollout.prompts import PromptTooLongError
 from mage.rollout.schema import SchemaError
-from mage.sections import PopulationEntry
+from mage.settings.entries import population_entries
 
 KUHN = compose(["game=kuhn_poker"])
 
@@ -400,7 +400,7 @@ def write_parquet(table, path):
 def test_evaluation_gives_every_opponent_its_groups_whatever_its_training_share():
     # A training opponent evaluated alone (share 0.3 of the population) still gets all its
     # groups: shares are relative to the entries being planned.
-    from mage.evaluation import evaluate
+    from mage.evaluation.play import evaluate
     from mage.settings import load_settings
 
     # 48 meta-episodes for the split 'all' (8 opponents): 6 each, whatever the shares
@@ -425,7 +425,7 @@ def test_evaluate_checkpoint_plays_each_split_as_evaluate_does():
     import dataclasses
 
     from mage.backends import make_backend
-    from mage.evaluation import evaluate, evaluate_checkpoint
+    from mage.evaluation.play import evaluate, evaluate_checkpoint
     from mage.settings import load_settings
 
     settings = load_settings(["engine.backend=scripted", "eval.meta_episodes=16", "run.name=probe"])

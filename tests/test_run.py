@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
+from mage.models import checkpoint as ckpt
 from mage.run import RunLayout, train
 from mage.run.layout import evaluation_dir
 from mage.settings import load_settings
-from mage.train import checkpoint as ckpt
 
 pytestmark = pytest.mark.e2e
 

@@ -121,10 +121,12 @@ def test_the_recorder_sees_reads_through_properties_and_kept_sections():
 @pytest.fixture(scope="module")
 def every_step(tiny_model_dir, tmp_path_factory) -> dict[str, set[str]]:
     """Each step run once on the tiny preset, with what it read."""
-    from mage.build import prepare_model
-    from mage.evaluation import write_exploitability
-    from mage.population import seed_population, write_manifest
-    from mage.run.state import RolloutWorker, start_training
+    from mage.evaluation.play import write_exploitability
+    from mage.population.manifest import seed_population, write_manifest
+    from mage.run.evaluation import Policy, report_about
+    from mage.run.state import start_training
+    from mage.run.worker import RolloutWorker
+    from mage.warmstart import prepare_model
     from tasks.evaluation import write_report
     from tasks.refs import FileRef
 
@@ -173,9 +175,9 @@ def every_step(tiny_model_dir, tmp_path_factory) -> dict[str, set[str]]:
         steps.evaluate(linear, None, "held_out")
     found["evaluate"] = read
     manifest = FileRef.of(settings.paths.population_manifest)
-    with recording(settings) as read:
-        write_report.fn(settings, manifest, {"held_out": FileRef.of(evaluated["table"])}, FileRef.of(saved.path, "checkpoint"),
-                        str(tmp_path / "report"))
+    with recording(settings) as read:  # what the report says it is about, then the report (mage.run.evaluation)
+        about = report_about(settings, Policy.at(saved.path), None, None)
+        write_report.fn(settings, manifest, {"held_out": FileRef.of(evaluated["table"])}, about, str(tmp_path / "report"))
     found["report"] = read
     state.close()
     return found

@@ -61,9 +61,9 @@ def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_no_checkpoint(tin
     from conftest import algo_config, train_config
     from safetensors import SafetensorError
 
+    from mage.models import checkpoint as ckpt
     from mage.models.policy import load_policy
-    from mage.train import checkpoint as ckpt
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     policy = load_policy(str(tiny_model_dir), dtype="float32", device="cpu")
     trainer = PolicyTrainer(policy, train_config(), algo_config())

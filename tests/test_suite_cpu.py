@@ -1,4 +1,4 @@
-"""benchmarks/suite_cpu.py: command lines sorted into kinds as read by hand, a recorded log's
+"""scripts/suite/suite_cpu.py: command lines sorted into kinds as read by hand, a recorded log's
 sums worked out by hand, a real recording of a command with children, and any text read
 without an error."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "suite"))
 from suite_cpu import RECORDER, file_of_current_test, kind_of, record, tally
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/suite_durations.py: per-file sums of a pytest durations table, against sums
+"""scripts/suite/suite_durations.py: per-file sums of a pytest durations table, against sums
 worked out by hand, and any text read without an error."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "suite"))
 from suite_durations import durations_by_file  # noqa: E402
 
 LOG = """\

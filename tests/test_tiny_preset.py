@@ -10,11 +10,14 @@ import polars as pl
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import mage.build.preset as build_module
+import mage.warmstart.preset as build_module
 from mage.algo import Penalties
 from mage.algo.returns import penalty_expression
-from mage.build import prepare_model
-from mage.build.preset import (
+from mage.games.sokoban import generate_level
+from mage.models.policy import ModelNotPreparedError, load_policy, model_source
+from mage.settings import load_settings
+from mage.warmstart import prepare_model
+from mage.warmstart.preset import (
     WARM_START_ROLLOUT,
     behaviour_cloning,
     build_differences,
@@ -22,10 +25,7 @@ from mage.build.preset import (
     fresh_model,
     learning_rate_factor,
 )
-from mage.build.tiny import scripted_tables
-from mage.games.sokoban import generate_level
-from mage.models.policy import ModelNotPreparedError, load_policy, model_source
-from mage.settings import load_settings
+from mage.warmstart.tiny import scripted_tables
 
 SMALL = ["model.tiny.hidden_size=32", "model.tiny.num_layers=2", "model.tiny.intermediate_size=64",
          "model.tiny.vocab_size=512", "model.tiny.corpus_meta_episodes=16", "model.tiny.bc_meta_episodes=32",
@@ -76,7 +76,7 @@ def test_build_gives_an_ordinary_model_directory(tmp_path, caplog):
     # A preset already there is used as it is; built with other model.tiny settings, it is still
     # used (reuse can be on purpose), and a warning names what differs.
     weights = (directory / "model.safetensors").read_bytes()
-    with caplog.at_level(logging.WARNING, logger="mage.build"):
+    with caplog.at_level(logging.WARNING, logger="mage.warmstart"):
         assert prepare_model(settings, progress=False) == str(directory)
         assert not caplog.records
         changed = load_settings([*SMALL, f"paths.artifacts={tmp_path}", "model.device=cpu", "model.tiny.bc_steps=3",

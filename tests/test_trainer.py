@@ -11,15 +11,15 @@ import torch
 from conftest import algo_config, train_config
 
 from mage.algo.losses import low_var_kl, ppo_loss
+from mage.config.sections import LoraSection
+from mage.models import checkpoint as ckpt
 from mage.models.policy import load_policy
 from mage.run import RunLayout, train
 from mage.run.record import drift_warning
 from mage.run.state import start_training
-from mage.sections import LoraSettings
 from mage.settings import Settings, load_settings
-from mage.train import checkpoint as ckpt
-from mage.train.batching import micro_batches
-from mage.train.trainer import PolicyTrainer
+from mage.trainer.batching import micro_batches
+from mage.trainer.policy_trainer import PolicyTrainer
 
 
 def test_ppo_clip_and_dual_clip_by_hand():
@@ -108,7 +108,7 @@ def sequence_logprob(trainer: PolicyTrainer, table: pl.DataFrame) -> list[float]
     return out
 
 
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
+@pytest.mark.parametrize("lora", [None, LoraSection(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
 def test_update_moves_log_probs_with_the_advantage_sign(tiny_model_dir, lora):
     policy = load_policy(tiny_model_dir, lora=lora)
     trainer = PolicyTrainer(policy, train_config(learning_rate=1e-2 if lora else 3e-3, mini_batch_size=4), algo_config())
@@ -188,7 +188,7 @@ def test_bf16_full_fine_tuning_keeps_every_update_in_float32_master_weights(tiny
     assert same_sign >= 0.95 * sum(int((b.abs() > lr / 2).sum()) for b in reference)
 
 
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))])
+@pytest.mark.parametrize("lora", [None, LoraSection(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_log_probs_entropy_and_gradients_equal_the_whole_logits(tiny_model_dir, lora, temperature):
     """The output layer on response positions in chunks of 5 (recomputed in the backward pass)
@@ -372,7 +372,7 @@ def test_a_corrupted_checkpoint_is_skipped(tiny_model_dir, tmp_path):
 def test_shared_prefix_forward_is_exact_with_gradients(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from mage.train.batching import causal_lm_forward
+    from mage.trainer.batching import causal_lm_forward
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     rules = list(range(5, 45)) * 2  # an 80-token common prefix
@@ -397,7 +397,7 @@ def test_shared_prefix_forward_is_exact_with_gradients(tiny_model_dir):
 
 
 @pytest.mark.parametrize("chunk", [None, 4])
-@pytest.mark.parametrize("lora", [None, LoraSettings(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
+@pytest.mark.parametrize("lora", [None, LoraSection(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj", "up_proj"))])
 def test_gradient_checkpointing_keeps_less_for_backward_and_gives_the_same_update(tiny_model_dir, lora, chunk):
     def updated(checkpointing: bool):
         torch.manual_seed(0)  # the same random LoRA A matrices in both runs

@@ -19,9 +19,9 @@ import torch
 from conftest import algo_config, rollout_config, sampling, train_config
 
 from mage.backends import GenerationRequest
-from mage.config import compose
-from mage.population import population_entries
+from mage.config.compose import compose
 from mage.rollout import RolloutEngine, plan_meta_episodes
+from mage.settings.entries import population_entries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -37,7 +37,7 @@ def vllm_backend(model_dir, **options):
 def trainer_logprobs(model_dir, table: pl.DataFrame, adapter=None) -> list[list[float]]:
     """The trainer's log-probs of every row's response, for the model (and adapter) on disk."""
     from mage.models.policy import load_policy
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     policy = load_policy(str(model_dir), dtype="float32", device="cpu", adapter=adapter)
     return PolicyTrainer(policy, train_config(), algo_config()).logprobs(table)
@@ -177,14 +177,14 @@ LORA = "model.lora={r:8,alpha:16,dropout:0.0,target_modules:[q_proj,v_proj]}"
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_each_iteration_samples_from_the_previous_checkpoint(lora, taught_model_dir, tmp_path):
+    from mage.models import checkpoint as ckpt
     from mage.models.policy import load_run_policy
     from mage.run import RunLayout, train
     from mage.settings import load_settings
-    from mage.train import checkpoint as ckpt
-    from mage.train.trainer import PolicyTrainer
-    from tasks import state as memory
+    from mage.trainer.policy_trainer import PolicyTrainer
+    from tasks import worker
 
-    memory.forget()
+    worker.forget()
     # LoRA: with a league (docs/method.md, "The league"), whose first snapshot, ckpt-00001's
     # adapter, plays from iteration 2 on the same engine, beside the agent's newer adapter
     league = ["population.league.enabled=true", "population.league.snapshot_every=1"]
@@ -221,7 +221,7 @@ def test_each_iteration_samples_from_the_previous_checkpoint(lora, taught_model_
 def test_the_pipeline_evaluates_with_the_training_engine(taught_model_dir, tmp_path, monkeypatch, prefect_harness):
     from flows import pipeline
     from mage.backends import vllm
-    from tasks import state as memory
+    from tasks import worker
 
     starts = []
     original = vllm.Engine.__init__
@@ -232,9 +232,9 @@ def test_the_pipeline_evaluates_with_the_training_engine(taught_model_dir, tmp_p
 
     monkeypatch.setattr(vllm.Engine, "__init__", counted)
     vllm.shutdown_engine()
-    memory.forget()
+    worker.forget()
     result = pipeline(train_overrides(taught_model_dir, tmp_path, "train.iterations=2", LORA))
-    memory.forget()
+    worker.forget()
     report = json.loads((Path(result["report"]) / "report.json").read_text())
     assert report["about"]["checkpoint"].endswith("ckpt-00002")
     # training, then the final checkpoint and the starting policy on both splits: one engine

@@ -19,9 +19,9 @@ from conftest import algo_config, rollout_config, sampling, train_config
 
 from mage.algo import Penalties, add_advantages, add_returns
 from mage.backends.vllm_sync import TOLERANCES
-from mage.config import compose
-from mage.population import population_entries
+from mage.config.compose import compose
 from mage.rollout import RolloutEngine, plan_meta_episodes
+from mage.settings.entries import population_entries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -72,7 +72,7 @@ def kuhn_table(backend, seed: int) -> pl.DataFrame:
 
 def trainer_for(model_dir, adapter=None):
     from mage.models.policy import load_policy
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     policy = load_policy(str(model_dir), dtype="float32", device="cpu", adapter=adapter)
     return PolicyTrainer(policy, train_config(learning_rate=3e-3, mini_batch_size=4), algo_config())
@@ -110,13 +110,13 @@ def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, m
     """Two iterations of full fine-tuning on the module's engine (first in the module: it holds
     the starting weights): every update reaches it through memory, checked, and no checkpoint is
     read back; with the push skipped, a third iteration stops the run."""
-    from mage.backends import vllm_sync
+    from mage.backends import vllm, vllm_sync
     from mage.run import RunLayout, train
     from mage.settings import load_settings
-    from tasks import state as memory
+    from tasks import worker
 
     read_back = checkpoints_read_back(monkeypatch)
-    memory.forget()
+    worker.forget()
     result = train(settings, progress=False)
     assert result.iterations == [1, 2]
     assert not read_back, f"the engine loaded checkpoints from disk: {read_back}"
@@ -126,8 +126,9 @@ def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, m
     assert all(m["train/weight_sync_gap_max"] < TOLERANCE for m in metrics)
     assert all(m["train/rollout_logprob_gap_max"] < TOLERANCE for m in metrics)
 
-    monkeypatch.setattr(vllm_sync, "push_weights", lambda backend, weights: {"tensors": 0, "seconds": 0.0})
-    memory.forget()
+    # the run's push (Backend.take_weights) skipped: the check after it stops the run
+    monkeypatch.setattr(vllm.VLLMBackend, "take_weights", lambda self, chunks: {"tensors": 0, "seconds": 0.0})
+    worker.forget()
     longer = load_settings(overrides(settings.model.path, settings.paths.artifacts, "train.iterations=3"))
     with pytest.raises(vllm_sync.StaleWeightsError, match="update 3"):
         train(longer, progress=False)  # resumes at ckpt-00002, its engine's weights; update 3 is not pushed
@@ -192,10 +193,11 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     hf): the update's weights, encoded as they cross processes, into its engine, checked; the
     checkpoint they are named after is then held, never read."""
     from mage.backends import vllm_sync
+    from mage.models import checkpoint as ckpt
     from mage.run import steps
-    from mage.run.state import RolloutWorker, probe_logprobs, start_training
+    from mage.run.state import probe_logprobs, start_training
+    from mage.run.worker import RolloutWorker
     from mage.settings import load_settings
-    from mage.train import checkpoint as ckpt
 
     settings = load_settings(overrides(taught_model_dir, tmp_path))
     state = start_training(settings)

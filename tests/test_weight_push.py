@@ -13,11 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from mage.backends import vllm_sync
+from mage.models import checkpoint as ckpt
 from mage.rollout import read_trajectories
 from mage.run import steps
-from mage.run.state import RolloutWorker, probe_logprobs, start_training
+from mage.run.state import probe_logprobs, start_training
+from mage.run.worker import RolloutWorker
 from mage.settings import load_settings
-from mage.train import checkpoint as ckpt
 
 
 def run_overrides(model_dir, tmp_path, *extra: str) -> list[str]:

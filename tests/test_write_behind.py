@@ -14,9 +14,9 @@ import time
 import pytest
 
 from mage import io
+from mage.models import checkpoint as ckpt
 from mage.run import RunLayout, loop, train
 from mage.settings import load_settings
-from mage.train import checkpoint as ckpt
 
 WRITER = "checkpoint-writer"  # the thread name of TrainingState.write_behind
 
@@ -88,7 +88,7 @@ def writes_by_thread(monkeypatch, slow_seconds: float = 0.0, failures: dict[int,
 
 def update_starts(monkeypatch) -> dict[int, float]:
     """When each iteration's optimizer work began (after the update step's wait)."""
-    from mage.train.trainer import PolicyTrainer
+    from mage.trainer.policy_trainer import PolicyTrainer
 
     starts: dict[int, float] = {}
     real = PolicyTrainer.update

@@ -63,7 +63,7 @@ from collections.abc import Callable
 import polars as pl
 
 from mage.algo.returns import META_EPISODE, ORDER
-from mage.sections import AlgoConfig
+from mage.config.sections import AlgoSection
 
 RUN = ["run_id", "iteration"]
 GROUP = [*RUN, "seed", "seat", "opponent"]
@@ -71,7 +71,7 @@ REQUIRED = ["meta_reward", "penalty", "reward", "step_return"]
 
 #: An estimator: (table with returns, algo settings, group keys, normalisation scope keys)
 #: -> the table with ``episode_score``, ``advantage_episode`` and ``advantage_step``.
-Estimator = Callable[[pl.DataFrame, AlgoConfig, list[str], list[str]], pl.DataFrame]
+Estimator = Callable[[pl.DataFrame, AlgoSection, list[str], list[str]], pl.DataFrame]
 #: ``algo.estimator`` names to their functions.
 ESTIMATORS: dict[str, Estimator] = {}
 
@@ -88,7 +88,7 @@ def register_estimator(name: str) -> Callable[[Estimator], Estimator]:
     return register
 
 
-def _normalised(value: str, over: list[str], cfg: AlgoConfig, singleton_zero: bool = False) -> pl.Expr:
+def _normalised(value: str, over: list[str], cfg: AlgoSection, singleton_zero: bool = False) -> pl.Expr:
     centred = pl.col(value) - pl.col(value).mean().over(over)
     if cfg.norm == "mean_std_norm":
         centred = centred / (pl.col(value).std(ddof=0).over(over) + cfg.epsilon)
@@ -97,14 +97,14 @@ def _normalised(value: str, over: list[str], cfg: AlgoConfig, singleton_zero: bo
     return centred
 
 
-def _weighted(advantage: pl.Expr, cfg: AlgoConfig) -> pl.Expr:
+def _weighted(advantage: pl.Expr, cfg: AlgoSection) -> pl.Expr:
     if cfg.negative_weight == 1.0:
         return advantage
     return pl.when(advantage < 0).then(advantage * cfg.negative_weight).otherwise(advantage)
 
 
 @register_estimator("grpo")
-def grpo(table: pl.DataFrame, cfg: AlgoConfig, group: list[str], scope: list[str]) -> pl.DataFrame:
+def grpo(table: pl.DataFrame, cfg: AlgoSection, group: list[str], scope: list[str]) -> pl.DataFrame:
     """Every call of a meta-episode gets its meta-episode's normalised summed reward; no step term."""
     # Statistics over meta-episodes (trajectories), not over their calls.
     per_meta = (
@@ -117,7 +117,7 @@ def grpo(table: pl.DataFrame, cfg: AlgoConfig, group: list[str], scope: list[str
 
 
 @register_estimator("gigpo")
-def gigpo(table: pl.DataFrame, cfg: AlgoConfig, group: list[str], scope: list[str]) -> pl.DataFrame:
+def gigpo(table: pl.DataFrame, cfg: AlgoSection, group: list[str], scope: list[str]) -> pl.DataFrame:
     """The episode term over the scope, the step term over anchors (see the module docstring)."""
     if cfg.episode_baseline == "per_episode":
         scope = [*scope, "episode"]
@@ -133,7 +133,7 @@ def gigpo(table: pl.DataFrame, cfg: AlgoConfig, group: list[str], scope: list[st
     )
 
 
-def add_advantages(table: pl.DataFrame, cfg: AlgoConfig) -> pl.DataFrame:
+def add_advantages(table: pl.DataFrame, cfg: AlgoSection) -> pl.DataFrame:
     """Add ``episode_score``, ``advantage_episode``, ``advantage_step`` and ``advantage``."""
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:

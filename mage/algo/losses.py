@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mage.sections import AlgoConfig
+from mage.config.sections import AlgoSection
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,7 @@ def ppo_loss(
     ref_logprobs: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: AlgoConfig,
+    cfg: AlgoSection,
     total_tokens: int,
     entropy: torch.Tensor | None = None,
 ) -> LossParts:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from mage.sections import AlgoConfig
+from mage.config.sections import AlgoSection
 
 META_EPISODE = ["run_id", "iteration", "meta_id"]
 ORDER = [*META_EPISODE, "episode", "turn"]
@@ -141,7 +141,7 @@ def discounted_returns(
     return returns
 
 
-def add_returns(table: pl.DataFrame, cfg: AlgoConfig, penalties: Penalties) -> pl.DataFrame:
+def add_returns(table: pl.DataFrame, cfg: AlgoSection, penalties: Penalties) -> pl.DataFrame:
     """Add ``meta_reward``, ``penalty``, ``reward`` and ``step_return``; see the module docstring."""
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {sorted(OBJECTIVES)}, got {cfg.objective!r}")

@@ -6,11 +6,11 @@ from mage.backends.base import (
     Backend,
     Generation,
     GenerationRequest,
-    SamplingSettings,
+    SamplingSection,
     thinking_open,
 )
 
-__all__ = ["PHASE_STOP_STRINGS", "STOP_STRINGS", "Backend", "Generation", "GenerationRequest", "SamplingSettings",
+__all__ = ["PHASE_STOP_STRINGS", "STOP_STRINGS", "Backend", "Generation", "GenerationRequest", "SamplingSection",
            "thinking_open"]
 
 

@@ -2,7 +2,7 @@
 
 A backend takes a batch of :class:`GenerationRequest` (the user-message text of a prompt,
 plus the game-side context that only the scripted backend reads) and
-:class:`SamplingSettings`, and returns one :class:`Generation` per request: the text, the
+:class:`SamplingSection`, and returns one :class:`Generation` per request: the text, the
 prompt's token ids as the model saw them (chat template applied), the response's token
 ids and the log-probability of every sampled token.
 
@@ -12,29 +12,41 @@ teacher-forced forward pass of the same model gives, and at sampling temperature
 ratio compares (the trainer recomputes its own, of ``softmax(logits / temperature)``; the
 rollout's copy is for checks and diagnostics).
 
-Stop strings follow the phase (:data:`mage.protocol.PHASE_STOP_STRINGS`, :meth:`SamplingSettings.stop_for`): a play reply ends at ``</action>``, a
+Stop strings follow the phase (:data:`mage.protocol.PHASE_STOP_STRINGS`, :meth:`SamplingSection.stop_for`): a play reply ends at ``</action>``, a
 reflection at ``</remark>``, so a reflection that quotes ``<action>bet</action>`` in its plan
 is not cut there. A stop string inside an open ``<think>`` block (Qwen3 thinking may quote
 tags while deliberating) does not end the reply; every backend applies both rules.
 
 Seeds: a request may carry its own ``seed`` (the engine derives one per meta-episode and
 call), so the members of a group sample independently even when they share a prompt, and a
-run repeats given its seed. ``SamplingSettings.seed`` seeds a whole batch where a backend
+run repeats given its seed. ``SamplingSection.seed`` seeds a whole batch where a backend
 cannot seed requests one by one (``hf``).
+
+New weights: a backend that samples from a copy of the trainer's weights of its own (``vllm``'s
+engine) says how it gets each update's (:attr:`Backend.weight_sync`): through memory
+(:meth:`Backend.take_weights`, then :meth:`Backend.name_weights` once they are a checkpoint's)
+or from the checkpoint (:meth:`Backend.load_checkpoint`). Either way it is then checked
+(:meth:`Backend.check_weights`): its log-probs of a small probe must equal the trainer's, or
+the run stops (:class:`mage.backends.vllm_sync.StaleWeightsError`). One that samples with a
+model in this process's memory (``hf``: the trainer's own) or with none (``scripted``) has
+nothing to take or check. The run layer asks these hooks, never which backend it holds.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from mage.config.sections import SamplingSection
 from mage.protocol import PHASE_STOP_STRINGS, STOP_STRINGS, THINK_CLOSE, THINK_OPEN
-from mage.sections import SamplingSettings
+
+if TYPE_CHECKING:
+    from mage.backends.vllm_sync import Encoded, Probe
 
 __all__ = ["PHASE_STOP_STRINGS", "STOP_STRINGS", "THINK_CLOSE", "THINK_OPEN", "Backend", "Generation",
-           "GenerationRequest", "SamplingSettings", "prompt_opens_thinking", "thinking_open"]
+           "GenerationRequest", "SamplingSection", "prompt_opens_thinking", "thinking_open"]
 
 
 def prompt_opens_thinking(tokenizer: Any, prompt_ids: Sequence[int]) -> bool:
@@ -80,9 +92,15 @@ class Backend(ABC):
     name: str = ""
     #: Longest prompt plus response the model accepts, in tokens.
     max_context_tokens: int = 1 << 30
+    #: How the trainer's new weights reach the copy of them this backend samples from:
+    #: ``"memory"`` (:meth:`take_weights`; full weights, a LoRA adapter still comes by its
+    #: checkpoint) or ``"disk"`` (:meth:`load_checkpoint`), each then :meth:`check_weights`. None:
+    #: it holds no copy of its own (``hf`` samples with the model it was given, ``scripted`` with
+    #: none), so there is nothing to take or check.
+    weight_sync: Literal["memory", "disk"] | None = None
 
     @abstractmethod
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSection) -> list[Generation]:
         """Answer every request; the result is in request order."""
 
     @abstractmethod
@@ -95,7 +113,7 @@ class Backend(ABC):
         return False
 
     def generate_joint(self, batches: Sequence[tuple[Backend, Sequence[GenerationRequest]]],
-                       sampling: SamplingSettings) -> list[list[Generation]]:
+                       sampling: SamplingSection) -> list[list[Generation]]:
         """Several backends' requests in one batch of this backend's, each answered under its
         own backend's policy (where :meth:`joins` says so); per batch, in request order."""
         raise NotImplementedError(f"{type(self).__name__} answers no other backend's requests")
@@ -112,6 +130,34 @@ class Backend(ABC):
     def load_checkpoint(self, path: Any, kind: str) -> None:  # noqa: B027 - optional hook
         """Generate with a training checkpoint from now on (``kind``: "lora" or "full"). A
         backend sharing the trainer's model in memory (``hf``) has it already."""
+
+    # -- new weights, and the check that it serves them (see the module docstring) --------------
+    def take_weights(self, chunks: Iterable[list[Encoded]]) -> dict[str, Any]:
+        """Generate with these full weights from now on: a model's ``state_dict`` as
+        :func:`mage.backends.vllm_sync.encoded` chunks, sent through memory, no file. Untrusted
+        until :meth:`check_weights` passes; unnamed until :meth:`name_weights`. Returns what was
+        taken (``tensors``) and the ``seconds`` it took. A backend with no copy of the weights of
+        its own (:attr:`weight_sync` None) takes none: TypeError."""
+        raise TypeError(f"a {type(self).__name__} takes no weights through memory")
+
+    def name_weights(self, checkpoint: str) -> bool:
+        """The weights taken last (:meth:`take_weights`) are those of ``checkpoint``: held under
+        its name from now on, with no load (a later request for that checkpoint finds them).
+        False where the backend generates with no weights taken so (by default, always)."""
+        return False
+
+    def check_weights(self, probe: Probe, expected: Sequence[Sequence[float]], what: str) -> float:
+        """The largest gap between this backend's log-probs of ``probe`` (:meth:`logprobs_of`)
+        and ``expected``, the trainer's; above the backend's tolerance, a
+        :class:`~mage.backends.vllm_sync.StaleWeightsError` that names ``what`` it was to serve.
+        A backend with no copy of the weights of its own (:attr:`weight_sync` None) has nothing
+        to check: TypeError."""
+        raise TypeError(f"a {type(self).__name__} holds no weights of its own to check")
+
+    def logprobs_of(self, probe: Probe) -> list[list[float]]:
+        """The policy's log-probs (temperature 1, teacher-forced) of each probe sequence's scored
+        tokens: what :meth:`check_weights` compares, and how a policy is read (exploitability)."""
+        raise TypeError(f"{type(self).__name__} has no model to read log-probs from")
 
     def sleep(self) -> None:  # noqa: B027 - optional hook
         """Give the accelerator's memory to the trainer until :meth:`wake_up` (``vllm``'s sleep mode)."""

@@ -33,7 +33,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import (
@@ -53,12 +53,15 @@ from mage.backends.base import (
     Backend,
     Generation,
     GenerationRequest,
-    SamplingSettings,
+    SamplingSection,
     prompt_opens_thinking,
     thinking_open,
 )
 from mage.backends.chat import format_prompt
-from mage.tensors import DTYPES, common_prefix_length
+from mage.tensors import DTYPES, common_prefix_length, teacher_forced
+
+if TYPE_CHECKING:
+    from mage.backends.vllm_sync import Probe
 
 
 class _RawLogProbs(LogitsProcessor):
@@ -156,7 +159,7 @@ def _without_model_defaults(model: Any) -> Iterator[None]:
     """Hide the model's own ``generation_config`` from ``generate`` (see the module docstring);
     it is put back on the way out, exception or not. ``generate`` reads the config of the
     transformers model, which a peft wrapper holds. Not reentrant: the flows run one rollout
-    on a model at a time (``tasks.state.LOCK``)."""
+    on a model at a time (``tasks.worker.LOCK``)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     saved, inner.generation_config = inner.generation_config, GenerationConfig()
     try:
@@ -235,6 +238,10 @@ class HFBackend(Backend):
     def count_prompt_tokens(self, prompts: Sequence[str]) -> list[int]:
         return [len(ids) for ids in self.encode(prompts)]
 
+    def logprobs_of(self, probe: Probe) -> list[list[float]]:
+        """A teacher-forced pass of the model it generates with (:func:`mage.tensors.teacher_forced`)."""
+        return teacher_forced(self.model, probe.tokens, probe.scored)
+
     # -- generation ------------------------------------------------------------------------
     def _stop_criteria(self, stop: tuple[str, ...]) -> StopStringCriteria | None:
         # Building the criterion preprocesses the whole vocabulary: do it once per stop set.
@@ -244,7 +251,7 @@ class HFBackend(Backend):
             self._stop_cache[stop] = StopStringCriteria(self.tokenizer, list(stop))
         return self._stop_cache[stop]
 
-    def _generation_config(self, sampling: SamplingSettings, max_new_tokens: int) -> GenerationConfig:
+    def _generation_config(self, sampling: SamplingSection, max_new_tokens: int) -> GenerationConfig:
         greedy = sampling.temperature == 0
         return GenerationConfig(
             do_sample=not greedy,
@@ -316,7 +323,7 @@ class HFBackend(Backend):
         return _to_static(cache, torch.tensor(owner, device=self.device), self.model.config, max_length)
 
     @torch.inference_mode()
-    def _generate_batch(self, prompt_ids: list[list[int]], sampling: SamplingSettings, phase: str) -> list[Generation]:
+    def _generate_batch(self, prompt_ids: list[list[int]], sampling: SamplingSection, phase: str) -> list[Generation]:
         """One micro-batch: decoded in one ``generate`` call, or in several when it regroups."""
         opened = [prompt_opens_thinking(self.tokenizer, ids) for ids in prompt_ids]
         tokens: list[list[int]] = [[] for _ in prompt_ids]
@@ -347,7 +354,7 @@ class HFBackend(Backend):
         ]
 
     def _decode(
-        self, rows: list[list[int]], opened: list[bool], sampling: SamplingSettings, phase: str, spent: int,
+        self, rows: list[list[int]], opened: list[bool], sampling: SamplingSection, phase: str, spent: int,
         pause_rows: int,
     ) -> tuple[list[list[int]], list[list[float]], list[bool], bool]:
         """One ``generate`` call over ``rows`` (prompts, then ``spent`` reply tokens each).
@@ -389,7 +396,7 @@ class HFBackend(Backend):
         ended = [bool(n >= 0) for n in finish.lengths]
         return new_tokens, new_logprobs, ended, finish.paused
 
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSection) -> list[Generation]:
         if not requests:
             return []
         if sampling.seed is not None:

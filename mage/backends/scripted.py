@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSettings
+from mage.backends.base import Backend, Generation, GenerationRequest, SamplingSection
 from mage.backends.chat import format_prompt
 
 MALFORMED_REPLIES = ("I am not sure.", "<action>", "<action>fly</action>", "<remark>oops</remark>")
@@ -74,7 +74,7 @@ class WandererRule:
 
     ``look_around``: the reply first thinks the 3x3 cells around the player
     (:func:`surroundings`). That patch's commonest solver move is the solver's next move two
-    times in three (``benchmarks/sokoban_local_policy.py``), so a model cloned on it is taught
+    times in three (docs/notes/findings.md, "A warm start that reads the board"), so a model cloned on it is taught
     to read the board where its moves depend on it, a cell at a time, not only through the
     moves."""
 
@@ -255,7 +255,7 @@ class ScriptedBackend(Backend):
         )
 
     # -- interface -------------------------------------------------------------------------
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSection) -> list[Generation]:
         results = []
         for request in requests:
             episode = request.context

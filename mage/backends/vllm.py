@@ -47,7 +47,7 @@ import gc
 import itertools
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,11 +56,20 @@ from mage.backends.base import (
     Backend,
     Generation,
     GenerationRequest,
-    SamplingSettings,
+    SamplingSection,
     prompt_opens_thinking,
     thinking_open,
 )
 from mage.backends.chat import format_prompt
+from mage.backends.vllm_sync import (
+    Encoded,
+    Probe,
+    engine_tolerance,
+    name_pushed,
+    push_encoded,
+    served_logprobs,
+    verify,
+)
 from mage.tensors import derive_seed
 
 #: Ranks vLLM's LoRA kernels are built for (vllm.config.lora.MaxLoRARanks).
@@ -112,8 +121,16 @@ class EngineSpec:
     extra: tuple[tuple[str, Any], ...] = field(default_factory=tuple)  # more LLM(...) arguments
 
 
+#: One caller at a time on the engine: views with different full weights must not interleave
+#: a reload and a batch (Prefect runs evaluation tasks in threads), and LLM is not thread-safe.
+_LOCK = threading.RLock()
+
+
 class Engine:
     """A running vLLM engine and the full weights it holds (see the module docstring)."""
+
+    #: the process's engine lock (there is one engine per process), which the weight sync takes too
+    lock = _LOCK
 
     def __init__(self, spec: EngineSpec) -> None:
         import torch
@@ -234,10 +251,9 @@ class Engine:
             self._staging.rmdir()
 
 
+#: This process's engine: the one per-process cache of the backends (vLLM cannot start a second
+#: engine in a process; DEVELOPERS.md, "Process-wide state").
 _ENGINE: Engine | None = None
-#: One caller at a time on the engine: views with different full weights must not interleave
-#: a reload and a batch (Prefect runs evaluation tasks in threads), and LLM is not thread-safe.
-_LOCK = threading.RLock()
 
 
 def shared_engine(spec: EngineSpec) -> Engine:
@@ -331,6 +347,24 @@ class VLLMBackend(Backend):
         """Generate with a training checkpoint: ``kind`` "lora" or "full"."""
         self.set_adapter(path) if kind == "lora" else self.set_weights(path)
 
+    # -- new weights through memory, and the check (mage/backends/vllm_sync.py) -------------------
+    def take_weights(self, chunks: Iterable[list[Encoded]]) -> dict[str, Any]:
+        """Into every worker of the engine, in place (:func:`~mage.backends.vllm_sync.push_encoded`)."""
+        return push_encoded(self, chunks)
+
+    def name_weights(self, checkpoint: str) -> bool:
+        """:func:`~mage.backends.vllm_sync.name_pushed`: False once a load followed the push."""
+        return name_pushed(self, checkpoint)
+
+    def check_weights(self, probe: Probe, expected: Sequence[Sequence[float]], what: str) -> float:
+        """:func:`~mage.backends.vllm_sync.verify`, within the tolerance of the engine's dtype
+        (``engine.vllm.sync_tolerance`` if set)."""
+        return verify(self, probe, expected, engine_tolerance(self), what)
+
+    def logprobs_of(self, probe: Probe) -> list[list[float]]:
+        """The engine's ``prompt_logprobs`` of the probe (:func:`~mage.backends.vllm_sync.served_logprobs`)."""
+        return served_logprobs(self, probe)
+
     # -- prompts ---------------------------------------------------------------------------
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
         with _LOCK:  # a fast tokenizer shared by threads can fail with "Already borrowed"
@@ -345,7 +379,7 @@ class VLLMBackend(Backend):
         return [len(ids) for ids in self.encode(prompts)]
 
     # -- generation ------------------------------------------------------------------------
-    def sampling_params(self, sampling: SamplingSettings, phase: str, seed: int | None, max_tokens: int) -> Any:
+    def sampling_params(self, sampling: SamplingSection, phase: str, seed: int | None, max_tokens: int) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -373,7 +407,7 @@ class VLLMBackend(Backend):
             )
         return [output.outputs[0] for output in outputs]
 
-    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings) -> list[Generation]:
+    def generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSection) -> list[Generation]:
         return self._generate(requests, sampling, [self.lora_request] * len(requests))
 
     def joins(self, others: Sequence[Backend]) -> bool:
@@ -384,7 +418,7 @@ class VLLMBackend(Backend):
                    for v in others)
 
     def generate_joint(self, batches: Sequence[tuple[Backend, Sequence[GenerationRequest]]],
-                       sampling: SamplingSettings) -> list[list[Generation]]:
+                       sampling: SamplingSection) -> list[list[Generation]]:
         if not self.joins([backend for backend, _ in batches]):
             raise ValueError("a joint batch holds views of this engine on its base weights only")
         requests = [request for _, part in batches for request in part]
@@ -392,7 +426,7 @@ class VLLMBackend(Backend):
         answered = iter(self._generate(requests, sampling, adapters))
         return [[next(answered) for _ in part] for _, part in batches]
 
-    def _generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSettings,
+    def _generate(self, requests: Sequence[GenerationRequest], sampling: SamplingSection,
                   adapters: list[Any]) -> list[Generation]:
         if not requests:
             return []

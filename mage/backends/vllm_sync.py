@@ -40,6 +40,11 @@ CPU kernels and transformers' measured 3e-5 at most on whole rollouts on an AMD 
 on an Intel Xeon's AVX-512 kernels, while weights one update old are off by far more:
 docs/notes/findings.md, "The vLLM backend's log-prob gaps") raises :class:`StaleWeightsError`, which stops the run. This module imports no
 trainer: the expected numbers come in as data.
+
+The vLLM backend's weight hooks (:meth:`mage.backends.base.Backend.take_weights`,
+``name_weights``, ``check_weights``, ``logprobs_of``) are these functions. They take the engine's
+lock from the engine (``Engine.lock``) and import nothing of the backends, so that the backend
+interface can name :class:`Probe` and :data:`Encoded` without an import loop.
 """
 
 from __future__ import annotations
@@ -50,8 +55,6 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from mage.backends.vllm import _LOCK
 
 #: Bytes of tensors per ``collective_rpc`` call (a msgpack binary holds at most 4 GiB).
 CHUNK_BYTES = 512 << 20
@@ -159,7 +162,7 @@ def push_encoded(backend: Any, chunks: Iterable[list[Encoded]]) -> dict[str, Any
     engine = backend.engine
     if engine.spec.max_lora_rank is not None:
         raise ValueError("this vLLM engine serves LoRA adapters: full weights go to an engine without LoRA")
-    with _LOCK:
+    with engine.lock:
         if engine.llm is None:
             raise RuntimeError("the vLLM engine was shut down (close()); make a new backend")
         engine.wake_up()
@@ -188,8 +191,8 @@ def name_pushed(backend: Any, path: str) -> bool:
     """The weights pushed last are those of checkpoint ``path``: name them so, with no load
     (a later view asking for that checkpoint finds them held). False if ``backend`` does not
     generate with pushed weights."""
-    with _LOCK:
-        engine = backend.engine
+    engine = backend.engine
+    with engine.lock:
         if not backend.weights.startswith("memory:") or engine.weights != backend.weights:
             return False
         engine.weights = backend.weights = str(path)
@@ -228,8 +231,8 @@ def served_logprobs(backend: Any, probe: Probe) -> list[list[float]]:
     from vllm import SamplingParams, TokensPrompt
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-    with _LOCK:
-        engine = backend.engine
+    engine = backend.engine
+    with engine.lock:
         if engine.llm is None:
             raise RuntimeError("the vLLM engine was shut down (close()); make a new backend")
         engine.wake_up()

@@ -140,7 +140,7 @@ class Game(ABC):
     turn_limit: int
     moves_per_turn: int = 1
     #: Parameters that fix a training set (Sokoban's ``levels``): a warm start that stands in
-    #: for a pretrained model is built without them (mage.build.tiny.scripted_tables).
+    #: for a pretrained model is built without them (mage.warmstart.tiny.scripted_tables).
     training_set_params: tuple[str, ...] = ()
     #: Canonical action names that are short codes a reply copies from the prompt (cells,
     #: directions); the tiny preset's tokenizer keeps each one a single token, so that the

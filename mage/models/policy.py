@@ -4,13 +4,12 @@ the backend that generates with it.
 The same ``from_pretrained`` path serves Qwen from the hub on a GPU machine and the
 locally built ``tiny`` preset on a laptop. LoRA (peft) is added on top when configured,
 or an existing adapter (a LoRA checkpoint) is loaded onto the base model. Nothing here
-builds or downloads a model: :func:`mage.build.prepare_model` does, once, before.
+builds or downloads a model: :func:`mage.warmstart.prepare_model` does, once, before.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mage.backends import Backend, make_backend
-from mage.sections import LoraSettings
+from mage.config.sections import LoraSection
+from mage.models import checkpoint as ckpt
+from mage.models.checkpoint import Checkpoint
 from mage.settings import Settings
 from mage.tensors import DTYPES, resolve_device
-from mage.train import checkpoint as ckpt
-from mage.train.checkpoint import Checkpoint
 
 
 @dataclass
@@ -40,7 +39,7 @@ class Policy:
     model: Any  # a transformers model, or a peft model wrapping one
     tokenizer: Any
     source: str  # the base model: a hub id or a directory
-    lora: LoraSettings | None = None
+    lora: LoraSection | None = None
     compute_dtype: torch.dtype = torch.float32
 
     @property
@@ -59,33 +58,12 @@ class Policy:
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
 
-@torch.no_grad()
-def teacher_forced(model: Any, tokens: Sequence[Sequence[int]], scored: Sequence[int],
-                   autocast: contextlib.AbstractContextManager | None = None) -> list[list[float]]:
-    """The model's log-probs (temperature 1) of the last ``scored[i]`` tokens of each
-    ``tokens[i]``, each given the tokens before it, one sequence at a time (no padding), in
-    eval mode (no dropout; the mode is restored after)."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    out = []
-    try:
-        for sequence, n in zip(tokens, scored, strict=True):
-            ids = torch.tensor([list(sequence)], device=device)
-            with autocast if autocast is not None else contextlib.nullcontext():
-                logits = model(input_ids=ids).logits[0, -n - 1:-1]
-            out.append(logits.float().log_softmax(-1).gather(-1, ids[0, -n:, None])[:, 0].tolist())
-    finally:
-        model.train(was_training)
-    return out
-
-
 def load_policy(
     source: str | Path,
     *,
     dtype: str = "float32",
     device: str | None = None,
-    lora: LoraSettings | None = None,
+    lora: LoraSection | None = None,
     adapter: str | Path | None = None,
     trainable: bool = True,
 ) -> Policy:
@@ -110,7 +88,7 @@ def as_policy(
     source: str,
     *,
     dtype: str = "float32",
-    lora: LoraSettings | None = None,
+    lora: LoraSection | None = None,
     adapter: str | Path | None = None,
     trainable: bool = True,
 ) -> Policy:
@@ -123,7 +101,7 @@ def as_policy(
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
         if lora is None:
             config = model.peft_config["default"]
-            lora = LoraSettings(r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
+            lora = LoraSection(r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
                                 target_modules=tuple(sorted(config.target_modules)))
     elif lora is not None:
         from peft import LoraConfig, get_peft_model
@@ -148,12 +126,12 @@ class ModelNotPreparedError(FileNotFoundError):
 
 
 def model_source(settings: Settings) -> str:
-    """The base model's local directory, as :func:`mage.build.prepare_model` left it. Loading
+    """The base model's local directory, as :func:`mage.warmstart.prepare_model` left it. Loading
     never builds a preset or downloads: a model that is not there is a
     :class:`ModelNotPreparedError` saying how to prepare it."""
     model = settings.model
     prepare = ("prepare it first: `python -m flows prepare_model` (with the run's overrides), or "
-               "mage.build.prepare_model(settings) from Python")
+               "mage.warmstart.prepare_model(settings) from Python")
     if model.build == "tiny" or Path(model.path).is_dir():
         if model.build != "tiny" or (Path(model.path) / "config.json").is_file():
             return model.path

@@ -1,6 +1,6 @@
 """The published shapes (``config.json`` on the hub) of the models the GPU presets name.
 
-The memory plan (:mod:`mage.memory`) reads a model's shape from its ``config.json`` when the
+The memory plan (:mod:`mage.preflight.memory_plan`) reads a model's shape from its ``config.json`` when the
 model is on this machine, and from here before it is fetched; the benchmarks build random
 models of these shapes, at the real vocabulary, where the weights cannot be downloaded.
 """

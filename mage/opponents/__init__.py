@@ -15,9 +15,9 @@ from typing import Any
 
 import pyspiel
 
+from mage.config.sections import PopulationEntry
 from mage.opponents import kuhn_poker, rock_paper_scissors, tic_tac_toe
 from mage.opponents.base import MODEL_OPPONENT, ModelSeat, Opponent
-from mage.sections import PopulationEntry
 
 REGISTRY: dict[str, dict[str, Callable[..., Opponent]]] = {
     "kuhn_poker": kuhn_poker.OPPONENTS,

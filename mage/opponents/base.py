@@ -9,7 +9,7 @@ always gives the same game.
 An opponent lives for one meta-episode. ``reset(seed, past)`` starts each of its episodes with
 ``past``, the OpenSpiel histories of the meta-episode's earlier episodes: an opponent that
 ``remembers`` reads them in ``action_probabilities`` (rock-paper-scissors' ``reactive``
-player), the others ignore them. The ceilings across episodes (:mod:`mage.ceilings`) set
+player), the others ignore them. The ceilings across episodes (:mod:`mage.population.ceilings`) set
 ``past`` the same way, so the engine and the ceilings play the same opponent.
 """
 

@@ -29,12 +29,12 @@ from tqdm.auto import tqdm
 import mage.rollout.prompts as prompts
 from mage import stopping
 from mage.backends.base import Backend, Generation, GenerationRequest
+from mage.config.sections import RolloutSection, SamplingSection
 from mage.games import Episode, Game, Outcome
 from mage.opponents import opponent_for
 from mage.protocol import parse_action, parse_remark
 from mage.rollout.plan import MetaEpisodeSpec
 from mage.rollout.schema import from_rows
-from mage.sections import RolloutConfig, SamplingSettings
 from mage.tensors import derive_seed
 
 PROGRESS_SECONDS = 10.0  # a progress line at least this often while a rollout runs (log files too)
@@ -43,7 +43,7 @@ PROGRESS_SECONDS = 10.0  # a progress line at least this often while a rollout r
 class MetaEpisode:
     """The state machine of one meta-episode; it yields requests and consumes replies."""
 
-    def __init__(self, spec: MetaEpisodeSpec, game: Game, cfg: RolloutConfig, base: Mapping[str, Any]) -> None:
+    def __init__(self, spec: MetaEpisodeSpec, game: Game, cfg: RolloutSection, base: Mapping[str, Any]) -> None:
         self.spec, self.game, self.cfg, self.base = spec, game, cfg, dict(base)
         self.opponent = opponent_for(spec.entry)
         self.first_initial = game.initial_state(spec.seed, spec.seat)
@@ -211,7 +211,7 @@ class RolloutStats:
 class RolloutEngine:
     """Runs planned meta-episodes with a backend; see the module docstring."""
 
-    def __init__(self, backend: Backend, cfg: RolloutConfig, game_params: Mapping[str, Any] | None = None,
+    def __init__(self, backend: Backend, cfg: RolloutSection, game_params: Mapping[str, Any] | None = None,
                  opponents: Mapping[str, Backend] | None = None) -> None:
         self.backend, self.cfg, self.game_params = backend, cfg, dict(game_params or {})
         #: the backends of opponents played by a model (``ModelSeat``), by population entry id
@@ -219,7 +219,7 @@ class RolloutEngine:
         self.last_stats = RolloutStats()
 
     def _opponent_calls(self, live: Sequence[MetaEpisode],
-                        sampling: SamplingSettings) -> list[tuple[str, list[MetaEpisode], list[tuple[Any, Any]]]]:
+                        sampling: SamplingSection) -> list[tuple[str, list[MetaEpisode], list[tuple[Any, Any]]]]:
         """The calls of every model-played opponent to move, per opponent: its id, the
         meta-episodes and their (request, view) pairs."""
         by_opponent: dict[str, list[MetaEpisode]] = {}
@@ -244,7 +244,7 @@ class RolloutEngine:
         for meta, (_, view), generation in zip(metas, calls, generations):
             stats.opponent_invalid += not meta.opponent_moved(view, generation)
 
-    def _move_opponents(self, live: list[MetaEpisode], sampling: SamplingSettings, step: int,
+    def _move_opponents(self, live: list[MetaEpisode], sampling: SamplingSection, step: int,
                         stats: RolloutStats) -> None:
         """Every model-played opponent whose turn it is moves: one batched call per opponent's
         backend, repeated while an opponent is to move (it may open the next episode)."""
@@ -260,7 +260,7 @@ class RolloutEngine:
             rounds += 1
 
     def _generate_with_opponents(self, live: Sequence[MetaEpisode], requests: list[GenerationRequest],
-                                 sampling: SamplingSettings, step_sampling: SamplingSettings,
+                                 sampling: SamplingSection, step_sampling: SamplingSection,
                                  stats: RolloutStats) -> list[Generation]:
         """The agent's ``requests`` and the calls of every model-played opponent to move in
         ``live`` as one batch of the agent's backend (:meth:`Backend.generate_joint`, at the
@@ -292,7 +292,7 @@ class RolloutEngine:
     def run(
         self,
         specs: Sequence[MetaEpisodeSpec],
-        sampling: SamplingSettings,
+        sampling: SamplingSection,
         run_id: str = "run",
         iteration: int = 0,
         progress: bool = True,
@@ -373,5 +373,5 @@ class RolloutEngine:
         return from_rows(rows)
 
 
-def _reseeded(sampling: SamplingSettings, step: int) -> SamplingSettings:
+def _reseeded(sampling: SamplingSection, step: int) -> SamplingSection:
     return replace(sampling, seed=derive_seed(sampling.seed, step))

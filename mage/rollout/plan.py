@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mage.sections import PopulationEntry
+from mage.config.sections import PopulationEntry
 from mage.tensors import derive_seed
 
 

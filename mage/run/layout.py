@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from mage import io
+from mage.models import checkpoint as ckpt
 from mage.settings import Settings
-from mage.train import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 #: The runs whose lock this process holds.

@@ -4,10 +4,11 @@ record -> checkpoint (when due; written behind the next rollout where nothing re
 
 :func:`train` is the only loop body. How each step runs is a :class:`Steps` object's
 business: this module's runs them in this process (a notebook, ``benchmarks/``); the
-``train`` flow passes ``tasks.training.FlowSteps``, which runs the same step functions of
-:mod:`mage.run.steps` as Prefect tasks (and rollout shards on its task runner). Checkpoints,
-evaluations, ``metrics.jsonl``, ``final.json``, dvclive, drift warnings and resume are this
-loop's, so they behave the same whichever way the steps run.
+``train`` flow passes ``tasks.training.FlowSteps`` (on Ray its ``tasks.ray.steps.RayFlowSteps``),
+which runs the same step functions of :mod:`mage.run.steps` as Prefect tasks (and rollout
+shards on its task runner). Checkpoints, evaluations, ``metrics.jsonl``, ``final.json``,
+dvclive, drift warnings and resume are this loop's, so they behave the same whichever way the
+steps run.
 
 A run directory belongs to one configuration: ``run.json`` records the settings its
 iterations depend on (:func:`mage.run.reads.run_identity`). A run resumes from its newest
@@ -31,13 +32,13 @@ from typing import Any
 import polars as pl
 
 from mage import io
+from mage.config.sections import splits_of
+from mage.models import checkpoint as ckpt
 from mage.rollout import RolloutStats
 from mage.run import reads, record, steps
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.state import TrainingState, start_training
-from mage.sections import splits_of
 from mage.settings import Settings
-from mage.train import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +56,8 @@ class Steps:
         return logger
 
     def prepare(self) -> None:
-        """The base model, built or fetched (:func:`mage.build.prepare_model`)."""
-        from mage.build import prepare_model
+        """The base model, built or fetched (:func:`mage.warmstart.prepare_model`)."""
+        from mage.warmstart import prepare_model
 
         if self.settings.train.workers > 1:  # checked before any work
             raise ValueError(f"train.workers={self.settings.train.workers}: the update's workers are Ray Train's, "
@@ -70,7 +71,8 @@ class Steps:
 
     def rollout(self, state: TrainingState, iteration: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
         """Every shard of the iteration (``flow.rollout_shards``), in turn, from the policy in memory."""
-        played = [steps.rollout(self.settings, state.backend(), iteration, shard, self.progress)
+        played = [steps.rollout(self.settings, state.backend(), iteration, shard, self.progress,
+                                snapshots=state.snapshots)
                   for shard in range(self.settings.flow.rollout_shards)]
         return [table for table, _ in played], [stats for _, stats in played]
 
@@ -149,7 +151,7 @@ def writes_behind(settings: Settings, iteration: int) -> bool:
 
 def pushes_weights(settings: Settings) -> bool:
     """Whether each update's full weights reach the run's rollout workers in other processes
-    through memory, not a checkpoint read back (``tasks.ray_workers.push_weights``): long-lived
+    through memory, not a checkpoint read back (``tasks.ray.rollouts.push_weights``): long-lived
     worker actors on Ray, full fine-tuning, and ``hf``, or ``vllm`` with
     ``engine.vllm.weight_sync=memory``. A LoRA adapter goes by its checkpoint's path."""
     flow = settings.flow

@@ -5,7 +5,7 @@ whole section stands for every key under it). Everything that depends on a step'
 is derived from it:
 
 * the Prefect tasks' cache keys (``tasks.caching``: a task keys on its step's reads);
-* the rollout worker a process keeps (``tasks.state``);
+* the rollout worker a process keeps (``tasks.worker``);
 * the run's identity (:func:`run_identity`, ``run.json``): a run resumes only under it;
 * the warm-start build's key (``prepare_model``);
 * DVC's ``params`` (``tests/test_dvc_dependencies.py`` checks each stage's against them).
@@ -41,7 +41,7 @@ READS: dict[str, tuple[str, ...]] = {
     "score": ("algo", "game.invalid_penalty", "game.length_penalty", "engine.sampling.max_new_tokens", "run.name",
               "paths.runs"),
     # one PPO update, and the checkpoint after it (its manifest records the run's identity)
-    # (and, on Kuhn Poker, the updated policy's exploitability: mage.exploitability)
+    # (and, on Kuhn Poker, the updated policy's exploitability: mage.evaluation.exploitability)
     "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs", "population.league",
                "game.name", "game.params", "engine.backend", "engine.episodes", "engine.context_mode",
                "population.seat_split", "model.chat", "model.enable_thinking"),
@@ -50,10 +50,11 @@ READS: dict[str, tuple[str, ...]] = {
                  "population.seat_split", "model", "run.name", "paths.evaluations",
                  "paths.start_evaluation", "seed"),
     # Kuhn Poker's exploitability of a checkpoint or the starting policy in an evaluation
-    # (mage.exploitability, through the evaluation's backend; the trainer's is the update's)
+    # (mage.evaluation.exploitability, through the evaluation's backend; the trainer's is the update's)
     "exploitability": ("engine", "game.name", "game.params", "population.seat_split", "model", "seed"),
     # the report of evaluation tables beside the starting policy's, and of the training rollouts
-    # (at their sampling temperature)
+    # (at their sampling temperature), with what it says it is about (mage.run.evaluation.report_about:
+    # the run, the game, the starting model, the sampling)
     "report": ("run.name", "eval.episodes", "eval.early_stop", "eval.sampling", "engine.sampling.temperature",
                "game.name", "model"),
     # the loop itself (mage.run.loop), besides the steps it runs (LOOP_STEPS): how many iterations,

@@ -23,10 +23,10 @@ from typing import Any
 import polars as pl
 
 from mage import io
+from mage.config.sections import TrainSection
 from mage.rollout import RolloutStats
 from mage.rollout.metrics import final_episode_metrics
 from mage.run.layout import RunLayout
-from mage.sections import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def keep_up_to(layout: RunLayout, iteration: int) -> list[dict[str, Any]]:
     return history(layout)
 
 
-def drift_warning(train_cfg: TrainConfig, metrics: Mapping[str, Any], first: Mapping[str, Any]) -> str | None:
+def drift_warning(train_cfg: TrainSection, metrics: Mapping[str, Any], first: Mapping[str, Any]) -> str | None:
     """A warning when the policy drifts far from its reference: the invalid-reply rate rose
     ``train.drift_invalid_rise`` over the run's ``first`` iteration, or the KL exceeds
     ``train.drift_kl``. None otherwise."""

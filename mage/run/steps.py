@@ -1,6 +1,6 @@
 """The steps of a training run, each a plain function (what each reads: :mod:`mage.run.reads`).
 
-    seed_population, prepare_model                      once, before training (mage.population, mage.build)
+    seed_population, prepare_model                      once, before training (mage.population.manifest, mage.warmstart)
     rollout -> score -> update -> (save) -> (evaluate)  every iteration (:mod:`mage.run.loop`)
 """
 
@@ -15,20 +15,23 @@ from typing import Any
 
 import polars as pl
 
-from mage import exploitability as kuhn
-from mage import io, league
+from mage import io
 from mage.algo import Penalties, add_advantages, add_returns
 from mage.backends import Backend
-from mage.evaluation import write_evaluation
+from mage.config.sections import PopulationEntry
+from mage.evaluation import exploitability as kuhn
+from mage.evaluation.play import write_evaluation
+from mage.models import checkpoint as ckpt
+from mage.population import league
 from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
 from mage.run import record
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.reads import identity_hash
-from mage.run.state import RolloutWorker, TrainingState, snapshot_backends
-from mage.sections import PopulationEntry
+from mage.run.snapshots import LeagueSnapshots
+from mage.run.state import TrainingState
+from mage.run.worker import RolloutWorker
 from mage.settings import Settings
 from mage.tensors import derive_seed
-from mage.train import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ logger = logging.getLogger(__name__)
 # -- the steps ------------------------------------------------------------------------------
 def league_state(settings: Settings, iteration: int) -> league.LeagueState:
     """The league as ``iteration`` starts: the record of the iteration before it
-    (``league.jsonl``), or none yet (:meth:`mage.league.LeagueState.start`)."""
+    (``league.jsonl``), or none yet (:meth:`mage.population.league.LeagueState.start`)."""
     records = [r for r in io.read_json_lines(RunLayout.of(settings).league, record.METRICS_REMEDY)
                if r.get("iteration", 0) < iteration]
     if records:
@@ -47,7 +50,7 @@ def league_state(settings: Settings, iteration: int) -> league.LeagueState:
 def training_population(settings: Settings, iteration: int,
                         state: league.LeagueState | None = None) -> list[PopulationEntry]:
     """What ``iteration`` draws its opponents from: the training population, and with
-    ``population.league`` the league's snapshots (:func:`mage.league.training_entries`) of
+    ``population.league`` the league's snapshots (:func:`mage.population.league.training_entries`) of
     ``state`` (default: :func:`league_state`, read from the run)."""
     scripted = list(settings.population.train.values())
     if not settings.population.league.enabled:
@@ -75,16 +78,18 @@ def shard_specs(specs: Sequence[MetaEpisodeSpec], shard: int, shards: int) -> li
     return [s for s in specs if s.group_id % shards == shard]
 
 
-def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0,
-            progress: bool = True) -> tuple[pl.DataFrame, RolloutStats]:
+def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0, progress: bool = True, *,
+            snapshots: LeagueSnapshots) -> tuple[pl.DataFrame, RolloutStats]:
     """Play shard ``shard`` of this iteration's meta-episodes (of ``flow.rollout_shards``)
-    against the training population with ``backend``."""
+    against the training population with ``backend``; the league's snapshots play from
+    ``snapshots``, the player's (its :class:`~mage.run.state.TrainingState` or
+    :class:`~mage.run.worker.RolloutWorker`), which keeps them loaded between iterations."""
     shards = settings.flow.rollout_shards
     state = league_state(settings, iteration) if settings.population.league.enabled else None  # read once
     specs = shard_specs(plan(settings, iteration, state), shard, shards)
     engine = RolloutEngine(backend, settings.engine, settings.game.params,
-                           opponents=snapshot_backends(settings, RunLayout.of(settings).root,
-                                                       state.members if state is not None else ()))
+                           opponents=snapshots.backends(RunLayout.of(settings).root,
+                                                        state.members if state is not None else ()))
     # One sampling seed per (iteration, shard): a re-run draws the same replies.
     sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
     table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
@@ -94,7 +99,7 @@ def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0
 def advance_league(settings: Settings, table: pl.DataFrame, iteration: int) -> dict[str, float]:
     """With ``population.league``: the league after ``iteration`` (its ratings updated from the
     iteration's ``table``; a snapshot of this iteration's checkpoint joining when one is due),
-    recorded in ``league.jsonl``; returns its metrics (:func:`mage.league.league_metrics`)."""
+    recorded in ``league.jsonl``; returns its metrics (:func:`mage.population.league.league_metrics`)."""
     settings_league = settings.population.league
     if not settings_league.enabled:
         return {}
@@ -113,7 +118,8 @@ def play_shard(worker: RolloutWorker, iteration: int, checkpoint: str | Path | N
     ``checkpoint`` (with its ``weights``: :meth:`RolloutWorker.sample_from`); the shard's table
     is written where the run keeps shard tables."""
     settings = worker.settings
-    table, stats = rollout(settings, worker.sample_from(checkpoint, weights), iteration, shard, progress=False)
+    table, stats = rollout(settings, worker.sample_from(checkpoint, weights), iteration, shard, progress=False,
+                           snapshots=worker.snapshots)
     return write_trajectories(table, RunLayout.of(settings).rollout_shard(iteration, shard)), stats
 
 
@@ -147,7 +153,7 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
 
 def exploitability(state: TrainingState) -> dict[str, float]:
     """Kuhn Poker, played by a model: the exploitability of the policy in memory and its value
-    against a best response, in chips per hand (:mod:`mage.exploitability`); else {}. Part of
+    against a best response, in chips per hand (:mod:`mage.evaluation.exploitability`); else {}. Part of
     :func:`update` (``train.workers=1``): with Ray Train's workers the flow's process holds the
     weights in host memory only, where 24 forward passes of a 4B model would take minutes; the
     evaluations still measure each checkpoint they load."""
