@@ -70,7 +70,7 @@ def main() -> None:
 
     import torch
 
-    from mage.backends import GenerationRequest, vllm_sync
+    from mage.backends import GenerationRequest, vllm_sync, weight_sync
     from mage.backends.vllm import VLLMBackend, shutdown_engine
     from mage.config.sections import SamplingSection
     from mage.models import checkpoint as ckpt
@@ -87,7 +87,7 @@ def main() -> None:
     trainer = PolicyTrainer(policy, dataclasses.replace(settings.train, mini_batch_size=args.rows), settings.algo)
     vocab = len(policy.tokenizer)
     table = random_update_table(args.rows, 64, 16, vocab)
-    probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
+    probe = weight_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
     backend = VLLMBackend(model_dir, dtype="float32", max_model_len=1024, enforce_eager=True)
     one_token = SamplingSection(temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=1, stop=None, seed=0)
 
@@ -111,12 +111,12 @@ def main() -> None:
                 done = time.perf_counter()
                 parts = {"write": written - started, "load": done - written}
                 # not timed: the disk path served what the trainer holds
-                gaps.append(vllm_sync.largest_gap(vllm_sync.served_logprobs(backend, probe),
+                gaps.append(weight_sync.largest_gap(vllm_sync.served_logprobs(backend, probe),
                                                   probe_logprobs(policy, probe))[0])
             else:
                 vllm_sync.push_weights(backend, policy.model.state_dict().items())
                 moved = time.perf_counter()
-                gap = vllm_sync.verify(backend, probe, probe_logprobs(policy, probe), vllm_sync.tolerance_for("float32"))
+                gap = vllm_sync.verify(backend, probe, probe_logprobs(policy, probe), weight_sync.tolerance_for("float32"))
                 done = time.perf_counter()
                 parts = {"push": moved - started, "verify": done - moved}
                 gaps.append(gap)

@@ -18,7 +18,8 @@ import torch
 from conftest import algo_config, rollout_config, sampling, train_config
 
 from mage.algo import Penalties, add_advantages, add_returns
-from mage.backends.vllm_sync import TOLERANCES
+from mage.backends import weight_sync
+from mage.backends.weight_sync import TOLERANCES
 from mage.config.compose import compose
 from mage.rollout import RolloutEngine, plan_meta_episodes
 from mage.settings.entries import population_entries
@@ -110,7 +111,7 @@ def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, m
     """Two iterations of full fine-tuning on the module's engine (first in the module: it holds
     the starting weights): every update reaches it through memory, checked, and no checkpoint is
     read back; with the push skipped, a third iteration stops the run."""
-    from mage.backends import vllm, vllm_sync
+    from mage.backends import vllm, weight_sync
     from mage.run import RunLayout, train
     from mage.settings import load_settings
     from tasks import worker
@@ -130,7 +131,7 @@ def test_the_training_loop_pushes_each_update_and_checks_it(settings, backend, m
     monkeypatch.setattr(vllm.VLLMBackend, "take_weights", lambda self, chunks: {"tensors": 0, "seconds": 0.0})
     worker.forget()
     longer = load_settings(overrides(settings.model.path, settings.paths.artifacts, "train.iterations=3"))
-    with pytest.raises(vllm_sync.StaleWeightsError, match="update 3"):
+    with pytest.raises(weight_sync.StaleWeightsError, match="update 3"):
         train(longer, progress=False)  # resumes at ckpt-00002, its engine's weights; update 3 is not pushed
 
 
@@ -139,22 +140,22 @@ def test_an_update_pushed_through_memory_is_what_the_engine_serves(backend, taug
 
     trainer = trainer_for(taught_model_dir)
     table = kuhn_table(backend, seed=1)
-    probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
-    assert 1 <= len(probe.tokens) <= vllm_sync.PROBE_ROWS
+    probe = weight_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
+    assert 1 <= len(probe.tokens) <= weight_sync.PROBE_ROWS
     before = trainer.logprobs(probe_table(probe))
     # the engine starts on the trainer's weights
-    start_gap = vllm_sync.largest_gap(vllm_sync.served_logprobs(backend, probe), before)[0]
+    start_gap = weight_sync.largest_gap(vllm_sync.served_logprobs(backend, probe), before)[0]
     assert start_gap < TOLERANCE
 
     trainer.update(table, seed=0)
     after = trainer.logprobs(probe_table(probe))
-    moved = vllm_sync.largest_gap(after, before)[0]
+    moved = weight_sync.largest_gap(after, before)[0]
     assert moved > 100 * TOLERANCE, f"the update moved the probe's log-probs by {moved:.2e} only"
 
     pushed = vllm_sync.push_weights(backend, trainer.model.state_dict().items())
     served = vllm_sync.served_logprobs(backend, probe)
-    gap = vllm_sync.largest_gap(served, after)[0]
-    stale = vllm_sync.largest_gap(served, before)[0]
+    gap = weight_sync.largest_gap(served, after)[0]
+    stale = weight_sync.largest_gap(served, before)[0]
     print(f"pushed {pushed['tensors']} tensors in {pushed['seconds']:.3f} s (repacked {pushed['repacked']}); "
           f"probe gap to the update {gap:.2e}, to the old weights {stale:.2e}")
     assert gap < TOLERANCE
@@ -172,13 +173,13 @@ def test_an_engine_left_with_stale_weights_stops_the_run(backend, taught_model_d
 
     trainer = trainer_for(taught_model_dir)
     table = kuhn_table(backend, seed=3)
-    probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
+    probe = weight_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
     vllm_sync.push_weights(backend, trainer.model.state_dict().items())  # in step with this trainer
     assert vllm_sync.verify(backend, probe, trainer.logprobs(probe_table(probe)), TOLERANCE) < TOLERANCE
 
     trainer.update(table, seed=0)  # new weights, not pushed
     expected = trainer.logprobs(probe_table(probe))
-    with pytest.raises(vllm_sync.StaleWeightsError, match=r"differ from the trainer's by up to .* above the tolerance"):
+    with pytest.raises(weight_sync.StaleWeightsError, match=r"differ from the trainer's by up to .* above the tolerance"):
         vllm_sync.verify(backend, probe, expected, TOLERANCE)
     # the tied output layer's name left out, as a checkpoint file leaves it: its packed copy is redone
     pushed = vllm_sync.push_weights(backend, [(n, t) for n, t in trainer.model.state_dict().items()
@@ -192,7 +193,6 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     """A Ray actor's rollout worker (RolloutWorker.take_weights; tests/test_weight_push.py for
     hf): the update's weights, encoded as they cross processes, into its engine, checked; the
     checkpoint they are named after is then held, never read."""
-    from mage.backends import vllm_sync
     from mage.models import checkpoint as ckpt
     from mage.run import steps
     from mage.run.state import probe_logprobs, start_training
@@ -209,7 +209,7 @@ def test_a_rollout_worker_takes_the_weights_into_its_engine_and_reads_no_checkpo
     worker = RolloutWorker(settings)
     worker.sample_from(None)  # this process's engine (holding another trainer's weights), nothing loaded
     taken = worker.take_weights(str(saved.path), ckpt.weights_id(saved),
-                                vllm_sync.encoded(state.policy.model.state_dict().items()), probe, expected)
+                                weight_sync.encoded(state.policy.model.state_dict().items()), probe, expected)
     print(f"rollout worker: weights taken in {taken['seconds']:.3f} s, probe gap {taken['gap']:.2e}")
     assert taken["gap"] < TOLERANCE
     played = kuhn_table(worker.sample_from(saved.path), seed=6)
@@ -232,13 +232,13 @@ def test_a_lora_adapter_is_checked_the_same_way(taught_model_dir, tmp_path):
     backend = VLLMBackend(taught_model_dir, dtype="float32", max_model_len=2048, enforce_eager=True, lora_rank=8)
     try:
         table = kuhn_table(backend, seed=4)
-        probe = vllm_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
+        probe = weight_sync.probe_from(table["prompt_token_ids"].to_list(), table["response_token_ids"].to_list())
         plain = trainer_for(taught_model_dir).logprobs(probe_table(probe))
         adapted = trainer_for(taught_model_dir, adapter=tmp_path / "adapter").logprobs(probe_table(probe))
         backend.set_adapter(tmp_path / "adapter")
         gap = vllm_sync.verify(backend, probe, adapted, TOLERANCE, "the adapter")
         print(f"LoRA adapter: probe gap to peft {gap:.2e}")
-        with pytest.raises(vllm_sync.StaleWeightsError, match="the base model"):
+        with pytest.raises(weight_sync.StaleWeightsError, match="the base model"):
             vllm_sync.verify(backend, probe, plain, TOLERANCE, "the base model")
         with pytest.raises(ValueError, match="serves LoRA adapters"):
             vllm_sync.push_weights(backend, [])

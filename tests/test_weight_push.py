@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mage.backends import vllm_sync
+from mage.backends import weight_sync
 from mage.models import checkpoint as ckpt
 from mage.rollout import read_trajectories
 from mage.run import steps
@@ -46,11 +46,11 @@ def updated(tiny_model_dir, tmp_path_factory):
 def test_weights_taken_through_memory_are_the_checkpoint_s_and_play_its_table(updated, monkeypatch):
     state, worker, saved, probe = updated["state"], updated["worker"], updated["saved"], updated["probe"]
     expected = probe_logprobs(state.policy, probe)
-    stale = vllm_sync.largest_gap(probe_logprobs(worker._policy, probe), expected)[0]
+    stale = weight_sync.largest_gap(probe_logprobs(worker._policy, probe), expected)[0]
     assert stale > 1e-2, f"the update moved the probe's log-probs by {stale:.1e} only"
 
     # several chunks, as a large model's weights cross
-    chunks = list(vllm_sync.encoded(state.policy.model.state_dict().items(), chunk_bytes=1 << 12))
+    chunks = list(weight_sync.encoded(state.policy.model.state_dict().items(), chunk_bytes=1 << 12))
     assert len(chunks) > 1
     taken = worker.take_weights(str(saved.path), ckpt.weights_id(saved), iter(chunks), probe, expected)
     assert taken["gap"] <= 1e-6  # the same network in the same process: the same numbers
@@ -78,10 +78,10 @@ def test_weights_taken_through_memory_are_the_checkpoint_s_and_play_its_table(up
 
 def test_weights_that_do_not_match_the_trainer_s_stop_the_run_and_are_not_trusted(updated):
     state, worker, saved, probe = updated["state"], updated["worker"], updated["saved"], updated["probe"]
-    before = list(vllm_sync.encoded(state.policy.model.state_dict().items()))
+    before = list(weight_sync.encoded(state.policy.model.state_dict().items()))
     steps.update(state, updated["table"], 2)  # the trainer moves on; the old weights are sent
     pushes, loads = worker.pushes, worker.loads
-    with pytest.raises(vllm_sync.StaleWeightsError, match="pushed through memory"):
+    with pytest.raises(weight_sync.StaleWeightsError, match="pushed through memory"):
         worker.take_weights(str(saved.path), ckpt.weights_id(saved), iter(before), probe,
                             probe_logprobs(state.policy, probe))
     assert worker.pushes == pushes
@@ -91,7 +91,7 @@ def test_weights_that_do_not_match_the_trainer_s_stop_the_run_and_are_not_truste
 
 def test_a_worker_without_an_engine_takes_nothing(tiny_model_dir, tmp_path):
     worker = RolloutWorker(load_settings(run_overrides(tiny_model_dir, tmp_path)))
-    assert worker.take_weights("unused", "unused", iter(()), vllm_sync.Probe(((1, 2),), (1,)), [[0.0]]) == {}
+    assert worker.take_weights("unused", "unused", iter(()), weight_sync.Probe(((1, 2),), (1,)), [[0.0]]) == {}
 
 
 def test_weights_pushed_before_their_checkpoint_is_written_are_played_and_a_worker_that_missed_them_waits(
@@ -114,7 +114,7 @@ def test_weights_pushed_before_their_checkpoint_is_written_are_played_and_a_work
                                               state.trainer.optimizer, config_hash="test", parent=None, metrics={})
         weights = ckpt.weights_id(saved)
         probe = state.probe(table)
-        worker.take_weights(str(saved.path), weights, vllm_sync.encoded(state.policy.model.state_dict().items()),
+        worker.take_weights(str(saved.path), weights, weight_sync.encoded(state.policy.model.state_dict().items()),
                             probe, probe_logprobs(state.policy, probe))
         pushed, _ = steps.play_shard(worker, 2, saved.path, 0, weights)
         assert not saved.path.exists() and (worker.loads, worker.pushes) == (0, 1)

@@ -27,7 +27,7 @@ engine) says how it gets each update's (:attr:`Backend.weight_sync`): through me
 (:meth:`Backend.take_weights`, then :meth:`Backend.name_weights` once they are a checkpoint's)
 or from the checkpoint (:meth:`Backend.load_checkpoint`). Either way it is then checked
 (:meth:`Backend.check_weights`): its log-probs of a small probe must equal the trainer's, or
-the run stops (:class:`mage.backends.vllm_sync.StaleWeightsError`). One that samples with a
+the run stops (:class:`mage.backends.weight_sync.StaleWeightsError`). One that samples with a
 model in this process's memory (``hf``: the trainer's own) or with none (``scripted``) has
 nothing to take or check. The run layer asks these hooks, never which backend it holds.
 """
@@ -43,7 +43,7 @@ from mage.config.sections import SamplingSection
 from mage.protocol import PHASE_STOP_STRINGS, STOP_STRINGS, THINK_CLOSE, THINK_OPEN
 
 if TYPE_CHECKING:
-    from mage.backends.vllm_sync import Encoded, Probe
+    from mage.backends.weight_sync import Encoded, Probe
 
 __all__ = ["PHASE_STOP_STRINGS", "STOP_STRINGS", "THINK_CLOSE", "THINK_OPEN", "Backend", "Generation",
            "GenerationRequest", "SamplingSection", "prompt_opens_thinking", "thinking_open"]
@@ -134,7 +134,7 @@ class Backend(ABC):
     # -- new weights, and the check that it serves them (see the module docstring) --------------
     def take_weights(self, chunks: Iterable[list[Encoded]]) -> dict[str, Any]:
         """Generate with these full weights from now on: a model's ``state_dict`` as
-        :func:`mage.backends.vllm_sync.encoded` chunks, sent through memory, no file. Untrusted
+        :func:`mage.backends.weight_sync.encoded` chunks, sent through memory, no file. Untrusted
         until :meth:`check_weights` passes; unnamed until :meth:`name_weights`. Returns what was
         taken (``tensors``) and the ``seconds`` it took. A backend with no copy of the weights of
         its own (:attr:`weight_sync` None) takes none: TypeError."""
@@ -149,7 +149,7 @@ class Backend(ABC):
     def check_weights(self, probe: Probe, expected: Sequence[Sequence[float]], what: str) -> float:
         """The largest gap between this backend's log-probs of ``probe`` (:meth:`logprobs_of`)
         and ``expected``, the trainer's; above the backend's tolerance, a
-        :class:`~mage.backends.vllm_sync.StaleWeightsError` that names ``what`` it was to serve.
+        :class:`~mage.backends.weight_sync.StaleWeightsError` that names ``what`` it was to serve.
         A backend with no copy of the weights of its own (:attr:`weight_sync` None) has nothing
         to check: TypeError."""
         raise TypeError(f"a {type(self).__name__} holds no weights of its own to check")

@@ -32,6 +32,7 @@ from typing import Any
 import polars as pl
 
 from mage import io
+from mage.backends import loads_checkpoints, takes_weights_in_memory
 from mage.config.sections import splits_of
 from mage.models import checkpoint as ckpt
 from mage.rollout import RolloutStats
@@ -145,8 +146,7 @@ def writes_behind(settings: Settings, iteration: int) -> bool:
     if iteration >= train.iterations or evaluation_due(settings, iteration) \
             or (league.enabled and iteration % league.snapshot_every == 0):
         return False
-    engine_loads = settings.model.lora is not None or engine.vllm.weight_sync == "disk"  # a vLLM engine reads it
-    return not (engine.backend == "vllm" and engine_loads)
+    return not loads_checkpoints(engine, lora=settings.model.lora is not None)
 
 
 def pushes_weights(settings: Settings) -> bool:
@@ -156,7 +156,7 @@ def pushes_weights(settings: Settings) -> bool:
     ``engine.vllm.weight_sync=memory``. A LoRA adapter goes by its checkpoint's path."""
     flow = settings.flow
     return (flow.runner == "ray" and flow.ray.long_lived_workers and settings.model.lora is None
-            and (settings.engine.backend == "hf" or settings.engine.vllm.weight_sync == "memory"))
+            and takes_weights_in_memory(settings.engine))
 
 
 def evaluation_due(settings: Settings, iteration: int) -> bool:

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from mage.backends import Backend, vllm_sync
+from mage.backends import Backend, weight_sync
 from mage.models import checkpoint as ckpt
 from mage.models.policy import Policy, load_run_policy, rollout_backend
 from mage.rollout import read_trajectories
@@ -65,7 +65,7 @@ class TrainingState:
     #: which the workers' first update continues instead (removed once that update is done)
     workers_resume: Path | None = None
     #: what a backend with weights of its own is checked on
-    _probe: vllm_sync.Probe | None = field(default=None, repr=False)
+    _probe: weight_sync.Probe | None = field(default=None, repr=False)
     #: writes checkpoints behind (:meth:`write_behind`)
     writer: CheckpointWriter = field(default_factory=CheckpointWriter, repr=False)
     #: the league's snapshots, as this state's rollouts play them (released by :meth:`close`)
@@ -105,18 +105,18 @@ class TrainingState:
         self.probe(table)
         if backend.weight_sync != "memory" or self.policy.is_lora:
             return {}  # the checkpoint brings them (checkpointed)
-        pushed = backend.take_weights(vllm_sync.encoded(self.policy.model.state_dict().items()))
+        pushed = backend.take_weights(weight_sync.encoded(self.policy.model.state_dict().items()))
         gap = self._verify(backend, f"the weights of update {self.iteration}, pushed through memory")
         logger.info(f"weights of update {self.iteration} in the vLLM engine through memory: {pushed['tensors']} "
                     f"tensors in {pushed['seconds']:.2f} s, probe log-probs within {gap:.1e} of the trainer's")
         return {"weight_sync_gap_max": gap}
 
-    def probe(self, table: pl.DataFrame | Path) -> vllm_sync.Probe:
+    def probe(self, table: pl.DataFrame | Path) -> weight_sync.Probe:
         """What engines are checked on: a few rows of ``table`` (or of the trajectory file
         ``table``, read only while there is no probe yet), fixed from the first table on."""
         if self._probe is None:
             frame = read_trajectories(table) if isinstance(table, Path) else table
-            self._probe = vllm_sync.probe_from(frame["prompt_token_ids"].to_list(),
+            self._probe = weight_sync.probe_from(frame["prompt_token_ids"].to_list(),
                                                frame["response_token_ids"].to_list())
         return self._probe
 
@@ -174,7 +174,7 @@ class TrainingState:
             self.workers_resume = None
 
 
-def probe_logprobs(policy: Policy, probe: vllm_sync.Probe) -> list[list[float]]:
+def probe_logprobs(policy: Policy, probe: weight_sync.Probe) -> list[list[float]]:
     """The policy's teacher-forced log-probs (temperature 1) of each probe sequence's scored tokens:
     what a backend's, or a rollout worker's, are checked against."""
     return teacher_forced(policy.model, probe.tokens, probe.scored, policy.autocast())

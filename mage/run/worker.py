@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mage.backends import Backend, vllm_sync
+from mage.backends import Backend, samples_from_a_given_model, weight_sync
 from mage.models import checkpoint as ckpt
 from mage.models.policy import Policy, load_run_policy, rollout_backend
 from mage.run.snapshots import LeagueSnapshots
@@ -71,16 +71,16 @@ class RolloutWorker:
         self._held = wanted
         return self._backend
 
-    def take_weights(self, checkpoint: str, weights: str, chunks: Iterable[list[vllm_sync.Encoded]],
-                     probe: vllm_sync.Probe, expected: list[list[float]]) -> dict[str, Any]:
+    def take_weights(self, checkpoint: str, weights: str, chunks: Iterable[list[weight_sync.Encoded]],
+                     probe: weight_sync.Probe, expected: list[list[float]]) -> dict[str, Any]:
         """The full weights of ``checkpoint`` (named ``weights``: its
         :func:`~mage.models.checkpoint.weights_id`, known before a checkpoint written behind has
         its files), sent through memory by the trainer's process
-        (:func:`vllm_sync.encoded`), taken in place of reading the checkpoint: into the policy
+        (:func:`weight_sync.encoded`), taken in place of reading the checkpoint: into the policy
         (``hf``) or the backend's own weights (``vllm``:
         :meth:`~mage.backends.base.Backend.take_weights`), then checked: the probe's log-probs
         must equal the trainer's ``expected`` (else
-        :class:`~mage.backends.vllm_sync.StaleWeightsError`). A worker with no engine yet takes
+        :class:`~mage.backends.weight_sync.StaleWeightsError`). A worker with no engine yet takes
         nothing: it builds from the checkpoint when first asked to play. Returns the check's
         largest gap and the seconds taken ({} when nothing was taken)."""
         if self._backend is None:
@@ -89,9 +89,9 @@ class RolloutWorker:
         self._held = _UNCHECKED  # until checked: a failed push is never trusted, not even as the starting policy
         what = f"the weights of {checkpoint}, pushed through memory"
         if self._policy is not None:  # hf: into the model the backend samples with
-            self._policy.model.load_state_dict(dict(vllm_sync.decoded(chunks)), strict=True)
-            tolerance = vllm_sync.tolerance_for(self.settings.model.dtype)
-            gap = vllm_sync.check_gap(probe_logprobs(self._policy, probe), expected, tolerance, what)
+            self._policy.model.load_state_dict(dict(weight_sync.decoded(chunks)), strict=True)
+            tolerance = weight_sync.tolerance_for(self.settings.model.dtype)
+            gap = weight_sync.check_gap(probe_logprobs(self._policy, probe), expected, tolerance, what)
         else:  # a backend with weights of its own; one with none (scripted) raises TypeError
             backend = self._backend
             backend.take_weights(chunks)
@@ -102,7 +102,7 @@ class RolloutWorker:
         return {"gap": gap, "seconds": time.perf_counter() - started}
 
     def _build(self, loaded: ckpt.Checkpoint | None) -> Backend:
-        if self.settings.engine.backend != "hf":
+        if not samples_from_a_given_model(self.settings.engine):
             return rollout_backend(self.settings, checkpoint=loaded)
         # A fresh LoRA adapter is drawn from torch's global generator: seeded as the trainer
         # seeds it (start_training), the starting policy is the trainer's.

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mage import stopping
-from mage.backends import vllm_sync
+from mage.backends import weight_sync
 from mage.config.sections import FlowSection
 from mage.models import checkpoint as ckpt
 from mage.rollout import RolloutStats
@@ -49,7 +49,7 @@ class RolloutActor:
              weights: str | None = None) -> tuple[Path, RolloutStats]:
         return steps.play_shard(self.worker, iteration, checkpoint, shard, weights)
 
-    def take_weights(self, checkpoint: str, weights: str, chunks: list[Any], probe: vllm_sync.Probe,
+    def take_weights(self, checkpoint: str, weights: str, chunks: list[Any], probe: weight_sync.Probe,
                      expected: list[list[float]]) -> dict[str, Any]:
         """:meth:`RolloutWorker.take_weights`, its chunks fetched from Ray's object store one by one."""
         import ray
@@ -131,7 +131,7 @@ def push_weights(state: TrainingState, checkpoint: ckpt.Checkpoint) -> list[dict
     settings = state.settings
     probe = state.probe(RunLayout.of(settings).rollout(state.iteration))  # read once: the probe is fixed
     expected = probe_logprobs(state.policy, probe)
-    chunks = [ray.put(chunk) for chunk in vllm_sync.encoded(state.policy.model.state_dict().items())]
+    chunks = [ray.put(chunk) for chunk in weight_sync.encoded(state.policy.model.state_dict().items())]
     path, weights = str(checkpoint.path), ckpt.weights_id(checkpoint)
     calls = []
     for shard in range(settings.flow.rollout_shards):
