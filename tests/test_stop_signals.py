@@ -87,7 +87,7 @@ DURING = [
     ("rollout", "mage.backends.hf:HFBackend.generate", 1.0, signal.SIGTERM),
     ("update", "mage.run.steps:update", 120.0, signal.SIGINT),
     ("evaluate", "mage.run.steps:evaluate", 120.0, signal.SIGTERM),
-    ("report", "tasks.evaluation:build_report", 120.0, signal.SIGINT),
+    ("report", "mage.run.evaluation:build_report", 120.0, signal.SIGINT),
 ]
 
 

@@ -36,7 +36,8 @@ def loads_checkpoints(engine: EngineSection, lora: bool) -> bool:
     """Whether a backend of ``engine`` in the trainer's process reads each new checkpoint from
     disk: a vLLM engine given a LoRA adapter, or full weights with ``weight_sync=disk``. hf
     generates with the trainer's model, and vLLM with ``memory`` takes the weights from it."""
-    return engine.backend == "vllm" and (lora or engine.vllm.weight_sync == "disk")
+    reads_its_files = lora or engine.vllm.weight_sync == "disk"  # what a vLLM engine would do
+    return engine.backend == "vllm" and reads_its_files
 
 
 def takes_weights_in_memory(engine: EngineSection) -> bool:
