@@ -89,7 +89,8 @@ class FlowEvaluationSteps(EvaluationSteps):
         model = configured(prepare_model, flow_cfg)(self.settings)
         play_split = configured(evaluate_split, flow_cfg)
         measure = configured(measure_exploitability, flow_cfg) if exploitability.measured(self.settings) else None
-        checkpoint = FileRef.of(policy.path, "checkpoint") if policy is not None else None
+        # checked whole and hashed once already (Policy.at): referenced as it is, not read again
+        checkpoint = FileRef(path=policy.path, sha256=policy.sha256, kind="checkpoint") if policy is not None else None
         common = {"settings": self.settings, "model": model, "checkpoint": checkpoint, "out_dir": str(out_dir)}
         if self.side_by_side is not None:  # one task per split, side by side on the cluster
             with self.side_by_side() as runner:
@@ -114,5 +115,5 @@ class FlowEvaluationSteps(EvaluationSteps):
             FileRef.of(history) if history is not None else None, _refs(start_tables) or None,
             _refs(exploitability_files))
 
-    def publish(self, title: str, markdown: str, description: str) -> None:
-        publish_markdown(title, markdown, description)
+    def publish(self, title: str, markdown: Path, description: str) -> None:
+        publish_markdown(title, markdown.read_text(), description)

@@ -41,6 +41,7 @@ from mage.report.tables import build_report, headline_metrics
 from mage.report.tables import write_report as write_report_files
 from mage.rollout import read_trajectories
 from mage.run.layout import RunLayout, evaluation_dir
+from mage.run.layout import evaluation_dir as evaluation_dir_of  # report() takes a parameter of that name
 from mage.run.record import METRICS_REMEDY
 from mage.settings import Settings
 
@@ -163,8 +164,9 @@ class EvaluationSteps:
                      exploitability_files: Mapping[str, Path]) -> dict[str, Any]:
         return write_report(self.settings, manifest, tables, about, out_dir, history, start_tables, exploitability_files)
 
-    def publish(self, title: str, markdown: str, description: str) -> None:
-        """A report's Markdown where people look (the flows: an artifact in the Prefect UI)."""
+    def publish(self, title: str, markdown: Path, description: str) -> None:
+        """A report's Markdown file where people look (the flows: an artifact in the Prefect UI);
+        the library has nowhere to show it but the file itself."""
 
 
 def tables_in(directory: Path) -> dict[str, Path]:
@@ -206,7 +208,7 @@ def report_on(steps: EvaluationSteps, tables: Mapping[str, Path], policy: Policy
     report = steps.write_report(steps.manifest(), tables, report_about(settings, policy, record, compared_with),
                                 out_dir, history if history.is_file() else None, start_tables or None,
                                 {side: path for side, path in sides if path is not None})
-    steps.publish(title, Path(report["files"]["markdown"]).read_text(),
+    steps.publish(title, Path(report["files"]["markdown"]),
                   f"Evaluation report ({', '.join(tables)}) of {policy.path if policy else 'the starting policy'}")
     metrics = report["metrics"]
     for split in tables:
@@ -251,7 +253,7 @@ def report(settings: Settings, evaluation_dir: str | Path | None = None, out_dir
     steps = steps or EvaluationSteps(settings)
     log = steps.log
     final = final_policy(settings)
-    source = Path(evaluation_dir) if evaluation_dir else _evaluation_dir(settings, final)
+    source = Path(evaluation_dir) if evaluation_dir else evaluation_dir_of(settings, final.path if final else None)
     tables = tables_in(source)
     if not tables:
         raise FileNotFoundError(f"no evaluation table (train.parquet, held_out.parquet) in {source}")
@@ -276,10 +278,6 @@ def report(settings: Settings, evaluation_dir: str | Path | None = None, out_dir
         log.info(f"{settings.paths.metrics} is left as it was: it holds the run's final checkpoint against its "
                  "starting policy, and this report is of another pair")
     return written
-
-
-def _evaluation_dir(settings: Settings, policy: Policy | None) -> Path:
-    return evaluation_dir(settings, policy.path if policy else None)
 
 
 def start_for(steps: EvaluationSteps, tables: Mapping[str, Path], record: Mapping[str, Any] | None, source: Path,
