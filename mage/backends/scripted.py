@@ -162,10 +162,10 @@ class RecallRule:
         return self.inner(episode, rng)
 
 
-def make_rule(game_name: str, spec: str | Mapping[str, Any]) -> Rule:
-    """The rule ``spec`` names (see the module docstring); unknown names and parameters raise
-    a ValueError that lists what is known."""
-    from mage.opponents import REGISTRY, make
+def make_rule(game_name: str, spec: str | Mapping[str, Any], game_params: Mapping[str, Any] | None = None) -> Rule:
+    """The rule ``spec`` names (see the module docstring), for the game built with
+    ``game_params``; unknown names and parameters raise a ValueError that lists what is known."""
+    from mage.opponents import make, opponents_of
 
     if isinstance(spec, Mapping):
         params = {k: v for k, v in spec.items() if k not in ("rule", "recall")}
@@ -173,7 +173,7 @@ def make_rule(game_name: str, spec: str | Mapping[str, Any]) -> Rule:
         if spec.get("recall", False):
             if spec["recall"] is not True:
                 raise ValueError(f"scripted rule {name!r}: recall must be true or false, got {spec['recall']!r}")
-            return RecallRule(make_rule(game_name, {"rule": name, **params}))
+            return RecallRule(make_rule(game_name, {"rule": name, **params}, game_params))
     else:
         name, params = spec, {}
     if not isinstance(name, str):
@@ -189,10 +189,10 @@ def make_rule(game_name: str, spec: str | Mapping[str, Any]) -> Rule:
             return SOKOBAN_RULES[name](**params)
         except TypeError as error:
             raise ValueError(f"scripted rule {name!r}: {error}") from None
-    if name not in REGISTRY.get(game_name, {}):
-        known = sorted(["random", *REGISTRY.get(game_name, {})])
+    if name not in opponents_of(game_name):
+        known = sorted({"random", *opponents_of(game_name)})
         raise ValueError(f"unknown scripted rule {name!r} for {game_name}; known: {known}")
-    return _policy_rule(make(game_name, name, **params))
+    return _policy_rule(make(game_name, name, game_params, **params))
 
 
 class ScriptedBackend(Backend):
@@ -215,15 +215,18 @@ class ScriptedBackend(Backend):
         self.rule, self.invalid_rate, self.think = rule, invalid_rate, think
         self.tokenizer, self.chat = tokenizer, chat
         self.rng = np.random.default_rng(seed)
-        self._rules: dict[str, Rule] = {}  # a named rule, resolved per game
+        self._rules: dict[str, Rule] = {}  # a named rule, resolved per game (and its OpenSpiel parameters)
 
     # -- moves -----------------------------------------------------------------------------
     def _rule_for(self, episode: Any) -> Rule:
         if isinstance(self.rule, (str, Mapping)):
-            game = episode.game.name
-            if game not in self._rules:
-                self._rules[game] = make_rule(game, self.rule)
-            return self._rules[game]
+            # a game played through the adapter: its OpenSpiel parameters decide which game the rule plays
+            parameters = getattr(episode.game, "parameters", None)
+            game_params = None if parameters is None else {"openspiel": parameters}
+            key = f"{episode.game.name}|{game_params}"
+            if key not in self._rules:
+                self._rules[key] = make_rule(episode.game.name, self.rule, game_params)
+            return self._rules[key]
         if hasattr(self.rule, "action_probabilities"):
             return _policy_rule(self.rule)
         rule = self.rule
@@ -243,7 +246,10 @@ class ScriptedBackend(Backend):
     def _reflect(episode: Any) -> str:
         outcome = episode.outcome().value if episode.is_terminal else "unfinished"
         mine = [m.name for m in episode.history if m.actor == "agent"]
-        theirs = [m.name for m in episode.history if m.actor == "opponent"]
+        # a game whose moves are not all public (the adapter's Leduc or Goofspiel) shows the
+        # opponent's only through the information state: the template names none
+        shown = getattr(episode.game, "perfect_information", True)
+        theirs = [m.name for m in episode.history if m.actor == "opponent"] if shown else ["moves I did not see"]
         if episode.game.num_players == 1:  # no opponent: the moves, and the plan for the level
             plan = "keep the same moves" if outcome == "win" else "try a different order of pushes"
             return f"<remark>Result: {outcome}. I moved {', '.join(mine) or 'nowhere'}. Next time: {plan}.</remark>"

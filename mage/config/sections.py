@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field
 from pydantic.dataclasses import dataclass as validated_dataclass
 
-from mage.games import GAMES, Game, checked_game, make_game
+from mage.games import GAMES, Game, checked_game, is_openspiel_name, make_game
 from mage.protocol import PHASE_STOP_STRINGS, STOP_STRINGS
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -380,14 +380,21 @@ class GameSection:
     """``params/game``: the game, its constructor's parameters and its penalties, the one
     home of c_inv and c_len (docs/method.md, Rewards and returns; the returns read them from here)."""
 
-    name: str  # the game (mage.games.GAMES)
+    name: str  # the game (mage.games.GAMES, or OpenSpiel's name of a game played through the adapter)
     params: dict[str, Any]  # the game's constructor parameters (mage.games.make_game)
     invalid_penalty: NonNegative  # c_inv: the penalty of each invalid reply (docs/method.md, Rewards and returns)
     length_penalty: NonNegative  # c_len: the largest penalty of a reply longer than half the reply limit
 
     def __post_init__(self) -> None:
-        if self.name not in GAMES:
-            raise ValueError(f"name must be one of {sorted(GAMES)}, got {self.name!r}")
+        if self.name not in GAMES and not is_openspiel_name(self.name):
+            raise ValueError(f"name must be one of {sorted(GAMES)} or a two-player OpenSpiel game's name "
+                             f"(pyspiel.registered_names()), got {self.name!r}")
+        if is_openspiel_name(self.name):
+            from mage.games.openspiel_game import unfit_name
+
+            if (reason := unfit_name(self.name)) is not None:
+                raise ValueError(f"name must be a game this project can play: OpenSpiel's {self.name} does not fit, "
+                                 f"{reason}")
         checked_game(self.name, self.params, "params")
 
     @property

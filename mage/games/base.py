@@ -181,6 +181,13 @@ class Game(ABC):
         player writes it (:mod:`mage.backends.scripted`): the warm start's reflections."""
         return None
 
+    @property
+    def chance_in_play(self) -> bool:
+        """Whether chance acts after the first decision (Leduc's public card): its draws come from
+        the initial state's seed, the same in every episode of a meta-episode, where the ceilings
+        across episodes assume fresh ones (they are not computed for such a game)."""
+        return False
+
     def forfeit_return(self, episode: Episode) -> float:
         """Return of ``episode``, cut off by the turn limit before it ended (a loss): a
         two-player game's lost payoff; a puzzle's return so far (0, or Sokoban's box reward)."""

@@ -188,4 +188,7 @@ def rollout_backend(settings: Settings, policy: Policy | None = None, checkpoint
                             lora_rank=model.lora.r if model.lora is not None else None,
                             max_loras=lora_slots(settings), enable_thinking=model.enable_thinking,
                             seed=settings.seed, **options)
-    return make_backend("scripted", **options)
+    # the scripted player's replies, tokenized as the model would: a run trains the model on them
+    # (the scripted-backend lifecycle of every game; the warm start's transcripts go without)
+    tokenizer = AutoTokenizer.from_pretrained(model_source(settings)) if policy is None else policy.tokenizer
+    return make_backend("scripted", tokenizer=tokenizer, chat=model.chat, **options)

@@ -1,7 +1,9 @@
-"""Opponents: ``make(game_name, opponent_name, **params)``.
+"""Opponents: ``make(game_name, opponent_name, game_params=None, **params)``.
 
-Game names are the project's (:data:`mage.games.GAMES`); each opponent is a policy of the game's
-OpenSpiel game (``Game.openspiel_game``). Sokoban is a one-player
+Game names are the project's (:data:`mage.games.GAMES`) or OpenSpiel's for a game played
+through the adapter, whose opponents are :mod:`mage.opponents.generic`'s; each opponent is a
+policy of the game's OpenSpiel game (``Game.openspiel_game``, built with ``game_params``:
+the adapter's OpenSpiel parameters decide which game the opponent plays). Sokoban is a one-player
 game: its only "opponent" is ``none``, for which ``make`` returns ``None`` (the
 counterpart that varies across a Sokoban population is the level generator's setting).
 """
@@ -9,14 +11,15 @@ counterpart that varies across a Sokoban population is the level generator's set
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
 import pyspiel
 
 from mage.config.sections import PopulationEntry
-from mage.opponents import kuhn_poker, rock_paper_scissors, tic_tac_toe
+from mage.opponents import generic, kuhn_poker, rock_paper_scissors, tic_tac_toe
 from mage.opponents.base import MODEL_OPPONENT, ModelSeat, Opponent
 
 REGISTRY: dict[str, dict[str, Callable[..., Opponent]]] = {
@@ -27,11 +30,22 @@ REGISTRY: dict[str, dict[str, Callable[..., Opponent]]] = {
 }
 
 
-def make(game_name: str, opponent_name: str, **params: Any) -> Opponent | None:
-    """Build a fixed opponent by name; unknown names raise a ValueError listing known ones."""
-    if game_name not in REGISTRY:
-        raise ValueError(f"unknown game {game_name!r}; known games: {sorted(REGISTRY)}")
-    factories = REGISTRY[game_name]
+def opponents_of(game_name: str) -> dict[str, Callable[..., Opponent]]:
+    """The opponents a game's population may name."""
+    from mage.games import is_openspiel_name
+
+    if game_name in REGISTRY:
+        return REGISTRY[game_name]
+    if is_openspiel_name(game_name):
+        return generic.OPPONENTS
+    raise ValueError(f"unknown game {game_name!r}; known games: {sorted(REGISTRY)}, or an OpenSpiel game's name")
+
+
+def make(game_name: str, opponent_name: str, game_params: Mapping[str, Any] | None = None,
+         **params: Any) -> Opponent | None:
+    """Build a fixed opponent by name, for the game built with ``game_params``; unknown names
+    raise a ValueError listing known ones."""
+    factories = opponents_of(game_name)
     if opponent_name not in factories:
         raise ValueError(
             f"unknown opponent {opponent_name!r} for {game_name}; known opponents: {sorted(factories)}"
@@ -43,22 +57,25 @@ def make(game_name: str, opponent_name: str, **params: Any) -> Opponent | None:
         raise ValueError(
             f"opponent {game_name}/{opponent_name} got unknown parameter(s) {unknown}; accepted: {accepted}"
         )
-    return factory(_openspiel_game(game_name), **params)
+    return factory(_openspiel_game(game_name, json.dumps(dict(game_params or {}), sort_keys=True)), **params)
 
 
 @cache
-def _openspiel_game(game_name: str) -> pyspiel.Game | None:
-    from mage.games import make_game
+def _openspiel_game(game_name: str, game_params_json: str) -> pyspiel.Game | None:
+    from mage.games import make_game, is_openspiel_name
 
-    return getattr(make_game(game_name), "openspiel_game", None)
+    if not is_openspiel_name(game_name):  # the hand-written games' OpenSpiel game takes no parameters
+        return getattr(make_game(game_name), "openspiel_game", None)
+    return make_game(game_name, **json.loads(game_params_json)).openspiel_game
 
 
-def opponent_for(entry: PopulationEntry) -> Opponent | ModelSeat | None:
-    """A population entry's opponent (None for Sokoban's levels; a :class:`ModelSeat` for a
-    league snapshot, which the rollout engine moves)."""
+def opponent_for(entry: PopulationEntry, game_params: Mapping[str, Any] | None = None) -> Opponent | ModelSeat | None:
+    """A population entry's opponent, in the game built with ``game_params`` (``game.params``)
+    and the entry's own overrides (None for Sokoban's levels; a :class:`ModelSeat` for a league
+    snapshot, which the rollout engine moves)."""
     if entry.opponent == MODEL_OPPONENT:
         return ModelSeat(entry.id)
-    return make(entry.game, entry.opponent, **entry.params)
+    return make(entry.game, entry.opponent, {**(game_params or {}), **entry.game_params}, **entry.params)
 
 
-__all__ = ["MODEL_OPPONENT", "ModelSeat", "Opponent", "REGISTRY", "make", "opponent_for"]
+__all__ = ["MODEL_OPPONENT", "ModelSeat", "Opponent", "REGISTRY", "make", "opponent_for", "opponents_of"]

@@ -8,16 +8,12 @@ simulations, a perfect minimax player and priority lists not used in training.
 ``beginner`` is in no population: it is the player the tiny preset's warm start imitates
 (it takes a win or blocks a threat only some of the time, and moves at random otherwise).
 
-MCTS is a real search (OpenSpiel's C++ ``MCTSBot``), seeded from the opponent's generator
-at every move. Its action distribution has no closed form: ``action_probabilities``
-estimates it from ``policy_samples`` independently seeded searches (a deterministic
-function of the state), which is what the Monte-Carlo ceilings use.
+MCTS is a real search (OpenSpiel's C++ ``MCTSBot``): the one every OpenSpiel game's
+population may use (:class:`mage.opponents.generic.MCTSOpponent`).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 
@@ -26,6 +22,7 @@ from open_spiel.python.algorithms import minimax_solver
 
 from mage.games.tic_tac_toe import cell_name
 from mage.opponents.base import Opponent
+from mage.opponents.generic import MCTSOpponent
 
 CELLS = {cell_name(a): a for a in range(9)}
 
@@ -165,58 +162,6 @@ class BeginnerOpponent(Opponent):
         for action in legal:
             probs[action] += rest / len(legal)
         return probs
-
-
-def _stable_seed(*parts: object) -> int:
-    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-class MCTSOpponent(Opponent):
-    """OpenSpiel's MCTS bot with a random-rollout evaluator."""
-
-    rule = "mcts"
-    explicit = False
-
-    def __init__(
-        self,
-        game: pyspiel.Game,
-        max_simulations: int = 100,
-        uct_c: float = 1.4,
-        n_rollouts: int = 1,
-        solve: bool = True,
-        policy_samples: int = 16,
-        max_memory_mb: int = 100,
-    ) -> None:
-        if max_simulations < 1 or n_rollouts < 1 or policy_samples < 1:
-            raise ValueError("mcts: max_simulations, n_rollouts and policy_samples must be >= 1")
-        super().__init__(game, max_simulations=max_simulations, uct_c=uct_c, n_rollouts=n_rollouts, solve=solve)
-        self.max_simulations, self.uct_c, self.n_rollouts, self.solve = max_simulations, uct_c, n_rollouts, solve
-        self.policy_samples = policy_samples
-        self.max_memory_mb = max_memory_mb
-        self.description = (
-            f"OpenSpiel MCTS, {max_simulations} simulations, uct_c {uct_c}, "
-            f"{n_rollouts} random rollout(s) per leaf, solve {'on' if solve else 'off'}"
-        )
-        self._estimates: dict[str, dict[int, float]] = {}
-
-    def _search(self, state: pyspiel.State, seed: int) -> int:
-        evaluator = pyspiel.RandomRolloutEvaluator(self.n_rollouts, seed)
-        bot = pyspiel.MCTSBot(
-            self.game, evaluator, self.uct_c, self.max_simulations, self.max_memory_mb, self.solve, seed, False
-        )
-        return int(bot.step(state))
-
-    def act(self, state: pyspiel.State) -> int:
-        return self._search(state, int(self._rng.integers(2**31 - 1)))
-
-    def action_probabilities(self, state: pyspiel.State, player_id: int | None = None) -> dict[int, float]:
-        """Monte-Carlo estimate: frequencies of the move chosen by independently seeded searches."""
-        key = str(state)
-        if key not in self._estimates:
-            counts = Counter(self._search(state, _stable_seed(key, k)) for k in range(self.policy_samples))
-            self._estimates[key] = {a: counts[a] / self.policy_samples for a in state.legal_actions()}
-        return dict(self._estimates[key])
 
 
 OPPONENTS = {

@@ -27,12 +27,13 @@ if TYPE_CHECKING:
 MANIFEST_SCHEMA_VERSION = 1
 
 
-def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, seed: int) -> dict[str, Any]:
+def _seat_ceilings(entry: PopulationEntry, game: Game, seat: int, n_games: int, seed: int,
+                   base_params: Mapping[str, Any]) -> dict[str, Any]:
     if game.num_players == 1:
         success = ceilings.single_player_ceiling(game, n_games, seed)
         best = ceilings.single_player_return_ceiling(game, success, n_games, seed)
         return {"max_win_probability": success.to_dict(), "best_response_return": best.to_dict()}
-    opponent = opponent_for(entry)
+    opponent = opponent_for(entry, base_params)
     figures = ceilings.opponent_ceilings(game.openspiel_game, opponent, seat, n_games=n_games, seed=seed)
     payoff = figures["best_response_payoff"]
     return {
@@ -57,7 +58,7 @@ def across_episodes(settings: Settings, split: str) -> dict[str, dict[str, Any]]
             "entries change the game's parameters (game_params)"
         return {e.id: {"unavailable": reason} for e in entries}
     equal = split != "train"
-    opponents = {e.id: (opponent_for(e), 1.0 if equal else e.share) for e in entries}
+    opponents = {e.id: (opponent_for(e, settings.game.params), 1.0 if equal else e.share) for e in entries}
     try:
         per_seat = {f"seat_{seat}": ceilings.ceilings_across_episodes(game, opponents, seat, population.ceilings.episodes)
                     for seat in range(game.num_players)}
@@ -85,8 +86,8 @@ def seed_population(settings: Settings, progress: bool = True) -> dict[str, Any]
     for entry in tqdm(population.entries, desc="ceilings", unit="opponent", disable=not progress):
         game = entry.make_game(base_params)
         seats = range(game.num_players)
-        per_seat = {f"seat_{s}": _seat_ceilings(entry, game, s, n_games, seed) for s in seats}
-        opponent = opponent_for(entry)
+        per_seat = {f"seat_{s}": _seat_ceilings(entry, game, s, n_games, seed, base_params) for s in seats}
+        opponent = opponent_for(entry, base_params)
         record = asdict(entry) | {
             "description": opponent.description if opponent else f"level setting {dict(entry.game_params)}",
             "deterministic": opponent.deterministic if opponent else True,

@@ -99,7 +99,9 @@ def meta_ceilings(table: pl.DataFrame, manifest: Mapping[str, Any]) -> pl.DataFr
         key = None
         if per_state or mine:
             initial = InitialState.from_json(meta["initial_state"])
-            game = games.setdefault(initial.game, make_game(initial.game))
+            # the manifest's game parameters: a game played through the adapter is OpenSpiel's with them
+            params = manifest.get("game_params") or {} if initial.game == manifest.get("game") else {}
+            game = games.setdefault(initial.game, make_game(initial.game, **params))
             state = game.openspiel_state(initial)
             key = state_key(state) if state is not None else None
         if per_state and key in per_state:

@@ -43,9 +43,11 @@ PROGRESS_SECONDS = 10.0  # a progress line at least this often while a rollout r
 class MetaEpisode:
     """The state machine of one meta-episode; it yields requests and consumes replies."""
 
-    def __init__(self, spec: MetaEpisodeSpec, game: Game, cfg: RolloutSection, base: Mapping[str, Any]) -> None:
+    def __init__(self, spec: MetaEpisodeSpec, game: Game, cfg: RolloutSection, base: Mapping[str, Any],
+                 game_params: Mapping[str, Any] | None = None) -> None:
         self.spec, self.game, self.cfg, self.base = spec, game, cfg, dict(base)
-        self.opponent = opponent_for(spec.entry)
+        # the opponent plays the game built with ``game.params`` (an OpenSpiel game's parameters)
+        self.opponent = opponent_for(spec.entry, game_params)
         self.first_initial = game.initial_state(spec.seed, spec.seat)
         self.finished: list[prompts.EpisodeRecord] = []
         #: the OpenSpiel histories of the finished episodes: what an opponent that remembers reads
@@ -322,7 +324,7 @@ class RolloutEngine:
                 key = tuple(sorted(spec.entry.game_params.items()))
                 if key not in games:
                     games[key] = spec.entry.make_game(self.game_params)
-                meta = MetaEpisode(spec, games[key], self.cfg, base)
+                meta = MetaEpisode(spec, games[key], self.cfg, base, self.game_params)
                 (finished if meta.done else live).append(meta)
             if not joint and (self.opponents or any(meta.waiting for meta in live)):
                 self._move_opponents(live, sampling, step, stats)

@@ -58,7 +58,7 @@ def population_entries(cfg: DictConfig | Mapping[str, Any]) -> list[PopulationEn
                 entry = PopulationEntry(id=entry_id, game=game_name, opponent=raw["opponent"], split=split, share=share,
                                         params=dict(raw.get("params") or {}),
                                         game_params=dict(raw.get("game_params") or {}))
-                opponent_for(entry)
+                opponent_for(entry, base_params)
             except ValidationError as error:
                 first = error.errors()[0]
                 raise ValueError(f"{where}.{'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -70,6 +70,9 @@ def _worlds(game: Game, opponents: Mapping[str, tuple[Any, float]], seat: int
             ) -> list[tuple[str, InitialState, World]]:
     if getattr(game, "openspiel_game", None) is None:
         raise Unavailable(f"{game.name} is not an OpenSpiel game")
+    if game.chance_in_play:
+        raise Unavailable(f"{game.name}: chance acts after the deal, drawn from the seed the same in every "
+                          "episode, where the searches assume fresh draws")
     states = game.initial_states(seat)
     if states is None:
         raise Unavailable(f"{game.name}'s initial states cannot be listed (with these game parameters)")

@@ -22,10 +22,15 @@ games against the real, freshly seeded opponent, and its figure is measured on `
 new games, so the pick does not bias the estimate. These are Monte-Carlo estimates of a
 lower bound on the ceiling, with 95% confidence intervals, labelled
 ``method: monte_carlo`` and naming the policy that achieved them.
+
+A game too large to search whole (more than :data:`MAX_TREE_STATES` states: Connect Four)
+has Monte-Carlo figures for every opponent, of one MCTS player that searches the true state
+(:func:`fits_full_tree`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -244,10 +249,68 @@ def _minimax_policy(game: pyspiel.Game) -> Callable[[pyspiel.State], int] | None
     return choose
 
 
+#: The most states (by :func:`state_key`) a game may have for its ceilings to search the whole
+#: tree; beyond (Connect Four), they are Monte-Carlo estimates of an MCTS player (:func:`_mcts_player`).
+MAX_TREE_STATES = 200_000
+
+#: The simulations of the MCTS player whose games estimate a large game's ceilings.
+CEILING_MCTS_SIMULATIONS = 100
+
+
+def fits_full_tree(game: pyspiel.Game) -> bool:
+    """Whether ``game`` has at most :data:`MAX_TREE_STATES` states, so that its ceilings can
+    search the whole tree (Kuhn Poker, Tic-Tac-Toe, Leduc, small Goofspiel and liar's dice)."""
+    return _fits_full_tree(str(game))
+
+
+@functools.lru_cache(maxsize=32)
+def _fits_full_tree(game_string: str) -> bool:
+    game = pyspiel.load_game(game_string)
+    seen: set[str] = set()
+    stack = [game.new_initial_state()]
+    while stack:
+        state = stack.pop()
+        key = _key(state)
+        if key in seen or state.is_terminal():
+            continue
+        seen.add(key)
+        if len(seen) > MAX_TREE_STATES:
+            return False
+        stack.extend(state.child(a) for a in (
+            [a for a, _ in state.chance_outcomes()] if state.is_chance_node() else state.legal_actions()))
+    return True
+
+
+def _mcts_player(game: pyspiel.Game, seed: int) -> Callable[[pyspiel.State], int]:
+    """An MCTS player (:data:`CEILING_MCTS_SIMULATIONS`, random rollouts) seeded afresh at every
+    move from ``seed``. It searches the true state: in a game of imperfect information it
+    sees what the rules hide, as the win-probability ceiling's player does."""
+    rng = np.random.default_rng(seed)
+
+    def choose(state: pyspiel.State) -> int:
+        move_seed = int(rng.integers(2**31 - 1))
+        bot = pyspiel.MCTSBot(game, pyspiel.RandomRolloutEvaluator(1, move_seed), 1.4, CEILING_MCTS_SIMULATIONS,
+                              100, True, move_seed, False)
+        return int(bot.step(state))
+
+    return choose
+
+
 def opponent_ceilings(
     game: pyspiel.Game, opponent: Opponent, agent_seat: int, n_games: int = 1000, seed: int = 0
 ) -> dict[str, Ceiling]:
-    """Both ceilings for one (opponent, seat), exact or Monte-Carlo as the opponent allows."""
+    """Both ceilings for one (opponent, seat), exact or Monte-Carlo as the opponent and the
+    game's size allow."""
+    if not fits_full_tree(game):
+        # too large to search: the games of one MCTS player give both estimates (a lower bound)
+        payoffs = play_games(game, _mcts_player(game, seed), opponent, agent_seat, n_games, seed + 1)
+        wins = int((payoffs > 0).sum())
+        name = f"mcts_{CEILING_MCTS_SIMULATIONS}_simulations"
+        return {
+            "best_response_payoff": Ceiling(float(payoffs.mean()), "monte_carlo", mean_interval(payoffs), n_games, name),
+            "max_win_probability": Ceiling(wins / n_games, "monte_carlo", proportion_interval(wins, n_games),
+                                           n_games, name),
+        }
     if opponent.explicit:
         br_value, _ = best_response_payoff(game, opponent, agent_seat)
         if _perfect_information(game):  # a transposition-merged search: the information-state one is slow here

@@ -1,0 +1,64 @@
+"""Each game played through the OpenSpiel adapter, through the whole lifecycle on the
+``scripted`` backend: the ``pipeline`` flow seeds its population (ceilings, the equilibrium's
+CFR+ table), trains the shared small model for one iteration on the scripted player's
+rollouts, evaluates the checkpoint and the starting policy on the training and held-out
+opponents, and reports. The report's figures are recomputed here from the tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from test_games_end_to_end import assert_agrees, recomputed
+
+from flows import pipeline
+from mage.config.compose import compose
+from mage.settings.entries import population_entries
+from tasks import worker
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
+
+GAMES = ("connect_four", "goofspiel", "leduc_poker", "liars_dice")
+
+SMOKE = ["model.build=null", "engine.backend=scripted", "train.iterations=1", "train.mini_batch_size=8",
+         "engine.groups=2", "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=8",
+         "eval.meta_episodes=2", "eval.episodes=2", "eval.sampling.max_new_tokens=8", "population.ceilings.n_games=10"]
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_the_pipeline_runs_an_openspiel_game_on_the_scripted_backend(game, tiny_model_dir, tmp_path):
+    worker.forget()
+    chosen = [f"game={game}"]
+    overrides = [*chosen, f"model.path={tiny_model_dir}", f"paths.artifacts={tmp_path}",
+                 f"paths.results={tmp_path}/results", *SMOKE]
+    result = pipeline(overrides)
+    worker.forget()
+
+    manifest = json.loads((tmp_path / "population" / f"{game}.json").read_text())
+    entries = population_entries(compose(chosen))
+    assert {o["id"] for o in manifest["opponents"]} == {e.id for e in entries}
+    assert manifest["game_params"]["openspiel"] == dict(compose(chosen).game.params["openspiel"])
+    for record in manifest["opponents"]:
+        seat_ceiling = record["ceilings"]["seat_0"]["max_win_probability"]
+        # exact where the tree can be searched and the opponent is explicit; estimated (with an interval) otherwise
+        assert seat_ceiling["method"] == ("monte_carlo" if game == "connect_four" or not record["explicit_policy"]
+                                          else "exact"), record["id"]
+        assert 0.0 <= seat_ceiling["value"] <= 1.0
+        if record["opponent"] == "equilibrium":
+            assert "CFR+ average policy after 200 iterations (NashConv" in record["description"]
+
+    report = json.loads((Path(result["report"]) / "report.json").read_text())
+    assert report["about"]["game"] == game and report["about"]["checkpoint"].endswith("ckpt-00001")
+    evaluations = tmp_path / "eval" / compose(overrides).run.name
+    for split in ("train", "held_out"):
+        rows = {row["opponent"]: row for row in report["splits"][split]["opponents"]}
+        assert set(rows) == {*(e.id for e in entries if e.split == split), "all"}
+        body = report["splits"][split]
+        for policy, figures in ((Path(report["about"]["checkpoint"]).name, body), ("start", body["start"])):
+            assert_agrees(figures, recomputed(pl.read_parquet(evaluations / policy / f"{split}.parquet")), (split, policy))
+    # the scripted player answers with OpenSpiel's move names: every play call parses
+    rollouts = pl.read_parquet(next((tmp_path / "runs" / compose(overrides).run.name / "rollouts").glob("*.parquet")))
+    play = rollouts.filter(pl.col("phase") == "play")
+    assert play.height > 0 and play["valid"].all()
