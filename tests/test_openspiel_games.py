@@ -26,7 +26,7 @@ from mage.settings import SettingsError, load_settings
 SHIPPED = {
     "leduc_poker": {},
     "liars_dice": {"numdice": 1, "dice_sides": 4},
-    "goofspiel": {"num_cards": 4, "imp_info": True, "points_order": "random"},
+    "goofspiel": {"num_cards": 3, "imp_info": True, "points_order": "random"},
     "connect_four": {},
 }
 
@@ -163,7 +163,7 @@ def test_a_prompt_never_shows_the_opponents_hidden_card_or_bid():
     # Goofspiel, the agent second: the opponent's bid this round is hidden until the round ends
     goofspiel = game_of("goofspiel")
     texts = set()
-    for bid in range(4):
+    for bid in range(3):
         episode = goofspiel.new_episode(goofspiel.initial_state(0, 1), Replay([bid]))
         texts.add(episode.render_state())
         assert "Opponent" not in episode.render_history()

@@ -56,9 +56,9 @@ of the two dice show face f, where a 4 counts as any face. Each bid must be high
 - Instead of bidding, a player may call "Liar" on the last bid: both dice are shown. If the bid \
 holds, the caller loses; otherwise the bidder loses.
 - Your score: +10 for a win, -10 for a loss."""),
-    "goofspiel": ({"num_cards": 4, "imp_info": True, "points_order": "random"}, """\
+    "goofspiel": ({"num_cards": 3, "imp_info": True, "points_order": "random"}, """\
 Game: Goofspiel, two players.
-- Each player holds the cards 1 to 4; the point cards 1 to 4 are turned up in a random order. Each round a point card is turned up, and both players bid \
+- Each player holds the cards 1 to 3; the point cards 1 to 3 are turned up in a random order. Each round a point card is turned up, and both players bid \
 one of their cards in secret; the higher bid wins the point card's value, a tie wins nothing. \
 Bid cards are discarded.
 - After the last round the player with more points wins.
@@ -124,6 +124,16 @@ def generic_rules(name: str, parameters: Mapping[str, Any]) -> str:
                     "other's.") if kind.dynamics == pyspiel.GameType.Dynamics.SIMULTANEOUS else ""
     return (f"Game: {kind.long_name} (OpenSpiel's {name}, parameters {dict(parameters)}), two players.{simultaneous}\n"
             "Your score is the game's payoff at the end, scaled.")
+
+
+def move_names(game: pyspiel.Game) -> dict[str, int]:
+    """Every move's name, for either player, -> its action id; named at the first decision (some
+    games name an action only in a state: liar's dice's ``Action(id=3)`` is ``1-4`` there)."""
+    state = game.new_initial_state()
+    while state.is_chance_node():
+        state.apply_action(state.chance_outcomes()[0][0])
+    return {state.action_to_string(player, action): action for player in range(game.num_players())
+            for action in range(game.num_distinct_actions())}
 
 
 def draw_chance(state: pyspiel.State, u: float) -> int:
@@ -248,12 +258,10 @@ class OpenSpielGame(Game):
 
     @functools.cached_property
     def action_names(self) -> tuple[str, ...]:  # type: ignore[override]
-        names = {self.openspiel_game.action_to_string(p, a) for p in (0, 1)
-                 for a in range(self.openspiel_game.num_distinct_actions())}
-        # OpenSpiel names an action without a state as ``Action(id=..)`` in some games
-        if len(names) > 64 or any(name.startswith("Action(") for name in names):
-            return ()
-        return tuple(sorted(names))
+        # short codes a reply copies from the prompt (Connect Four's ``o3``), kept whole by the tiny
+        # tokenizer; a game with many moves keeps none whole
+        names = move_names(self.openspiel_game)
+        return tuple(sorted(names)) if len(names) <= 64 else ()
 
     def episode_at(self, state: pyspiel.State, seat: int) -> OpenSpielGameEpisode:
         """An episode standing at ``state`` (any state of :attr:`openspiel_game`), the agent in
@@ -337,4 +345,5 @@ class OpenSpielGameEpisode(OpenSpielEpisode):
                 f"{self.game.view(self.state, self.agent).rstrip()}")
 
 
-__all__ = ["RULES", "Move", "OpenSpielGame", "OpenSpielGameEpisode", "draw_chance", "load", "unfit", "unfit_name"]
+__all__ = ["RULES", "Move", "OpenSpielGame", "OpenSpielGameEpisode", "draw_chance", "load", "move_names", "unfit",
+           "unfit_name"]

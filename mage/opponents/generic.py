@@ -27,21 +27,12 @@ from functools import cache
 import pyspiel
 from open_spiel.python import policy as openspiel_policy
 
+from mage.games.openspiel_game import move_names
 from mage.opponents.base import Opponent
 
 #: The most information states (both players) for which ``equilibrium`` runs CFR+: beyond,
 #: a sweep of the tree takes too long to repeat hundreds of times on a laptop.
 MAX_EQUILIBRIUM_STATES = 20_000
-
-
-def move_names(game: pyspiel.Game) -> dict[str, int]:
-    """Every move's name, for either player, -> its action id; named at the first decision
-    (some games name an action only in a state)."""
-    state = game.new_initial_state()
-    while state.is_chance_node():
-        state.apply_action(state.chance_outcomes()[0][0])
-    return {state.action_to_string(player, action): action for player in range(game.num_players())
-            for action in range(game.num_distinct_actions())}
 
 
 def _action_of(game: pyspiel.Game, name: str, what: str) -> int:
@@ -252,4 +243,4 @@ OPPONENTS = {
 }
 
 __all__ = ["MAX_EQUILIBRIUM_STATES", "OPPONENTS", "BiasedOpponent", "EquilibriumOpponent", "FixedOpponent",
-           "MCTSOpponent", "RandomOpponent", "cfr_plus_average_policy", "information_state_count", "move_names"]
+           "MCTSOpponent", "RandomOpponent", "cfr_plus_average_policy", "information_state_count"]

@@ -33,9 +33,12 @@ from typing import Any
 import numpy as np
 import pyspiel
 
-#: Most tree steps one search may take (seconds in Python; Kuhn Poker's largest takes about 3,000,
-#: rock-paper-scissors' 10,000 at k = 3); beyond it, :class:`TooLarge`.
-MAX_WORK = 500_000
+#: Most tree steps one search may take (a second or two in Python; Kuhn Poker's largest takes about
+#: 3,000, rock-paper-scissors' 10,000 at k = 3); beyond it, :class:`TooLarge`. Liar's dice with one
+#: four-sided die each needs more at k = 2: every search that cannot finish spends this budget
+#: first, so it is ten times the largest that does, not more (at 500,000, seeding liar's dice's
+#: population spent 20 s learning that its ceilings across episodes cannot be computed).
+MAX_WORK = 100_000
 #: Most states one episode may have (every move of every player): a game beyond it (Tic-Tac-Toe's
 #: 550,000) is refused at once, before a search spends its budget on it.
 MAX_EPISODE_STATES = 20_000
