@@ -46,7 +46,8 @@ def deployments(settings: Settings, overrides: Sequence[str] = ()) -> list[Any]:
     nightly = nightly_evaluation.to_deployment(
         "nightly_evaluation", parameters=parameters, tags=[*TAGS, "nightly"],
         schedules=[Cron(settings.flow.nightly_cron, timezone=timezone)],
-        description=f"The newest checkpoint against the held-out opponents, {settings.flow.nightly_cron} ({timezone}).",
+        description=f"The newest checkpoint against the held-out opponents (and the games of eval.games), "
+                    f"{settings.flow.nightly_cron} ({timezone}).",
     )
     return [*on_demand, nightly]
 

@@ -43,8 +43,9 @@ def evaluate(overrides: list[str] | None = None, config_file: str | None = None,
              start: bool = False) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (default: the run's final one; none yet: the starting policy),
     or with ``start`` the starting policy itself, against the opponents of ``split`` (default
-    ``eval.split``; ``all``: training and held-out), per episode and per opponent, and with
-    ``report`` report it beside the starting policy (:func:`mage.run.evaluate`)."""
+    ``eval.split``; ``all``: training and held-out), per episode and per opponent, on the run's
+    game and on each game of ``eval.games``, and with ``report`` report it beside the starting
+    policy (:func:`mage.run.evaluate`)."""
     settings = settings_for(overrides, config_file)
     return mage.run.evaluate(settings, checkpoint, split, out_dir, report, start, steps=steps_for(settings))
 
@@ -64,8 +65,8 @@ def report(overrides: list[str] | None = None, config_file: str | None = None, e
 def nightly_evaluation(overrides: list[str] | None = None, config_file: str | None = None,
                        run: str | None = None) -> dict[str, Any]:
     """The final checkpoint of run ``run`` (default ``flow.nightly_run``, else the configured
-    ``run.name``) against the held-out population; the report is kept per night under
-    ``paths.nightly/<date>/<run>``."""
+    ``run.name``) against the held-out population, and of each game of ``eval.games`` (games it
+    did not train on); the report is kept per night under ``paths.nightly/<date>/<run>``."""
     from prefect.runtime import flow_run
 
     settings = settings_for(overrides, config_file)

@@ -15,7 +15,7 @@ from mage.evaluation import exploitability
 from mage.evaluation.play import write_exploitability
 from mage.models import checkpoint as ckpt
 from mage.run import steps
-from mage.run.evaluation import EvaluationSteps, Policy
+from mage.run.evaluation import EvaluationSteps, HeldOutTables, Policy
 from mage.run.evaluation import write_report as write
 from mage.settings import Settings
 from tasks.artifacts import publish_markdown
@@ -54,18 +54,32 @@ def measure_exploitability(settings: Settings, model: FileRef, checkpoint: FileR
 def write_report(
     settings: Settings, manifest: FileRef, tables: dict[str, FileRef], about: dict[str, Any], out_dir: str,
     history: FileRef | None = None, start_tables: dict[str, FileRef] | None = None,
-    exploitability_files: dict[str, FileRef] | None = None,
+    exploitability_files: dict[str, FileRef] | None = None, games: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The report of ``tables`` beside ``start_tables``, about ``about``
-    (:func:`mage.run.evaluation.write_report`): JSON, metrics, Markdown and plots in ``out_dir``."""
-    return write(settings, manifest.resolve(), {split: ref.resolve() for split, ref in tables.items()}, about,
+    (:func:`mage.run.evaluation.write_report`): JSON, metrics, Markdown and plots in ``out_dir``.
+    ``games``: each game held out at evaluation, its :class:`~mage.run.evaluation.HeldOutTables`
+    as references (:func:`_held_out_refs`)."""
+    held_out = {game: HeldOutTables(refs["manifest"].resolve(), _resolved(refs["tables"]),
+                                    _resolved(refs["start_tables"]), _resolved(refs["exploitability_files"]))
+                for game, refs in (games or {}).items()}
+    return write(settings, manifest.resolve(), _resolved(tables), about,
                  Path(out_dir), history.resolve() if history is not None else None,
-                 {split: ref.resolve() for split, ref in (start_tables or {}).items()} or None,
-                 {side: ref.resolve() for side, ref in (exploitability_files or {}).items()})
+                 _resolved(start_tables or {}) or None, _resolved(exploitability_files or {}), held_out or None)
+
+
+def _resolved(refs: Mapping[str, FileRef]) -> dict[str, Path]:
+    return {name: ref.resolve() for name, ref in refs.items()}
 
 
 def _refs(paths: Mapping[str, Path] | None) -> dict[str, FileRef]:
     return {name: FileRef.of(path) for name, path in (paths or {}).items()}
+
+
+def _held_out_refs(side: HeldOutTables) -> dict[str, Any]:
+    """A held-out game's files as references: the report task's cache keys on their content."""
+    return {"manifest": FileRef.of(side.manifest), "tables": _refs(side.tables), "start_tables": _refs(side.start_tables),
+            "exploitability_files": _refs(side.exploitability_files)}
 
 
 class FlowEvaluationSteps(EvaluationSteps):
@@ -86,9 +100,12 @@ class FlowEvaluationSteps(EvaluationSteps):
 
     def play(self, policy: Policy | None, splits: Sequence[str], out_dir: Path) -> tuple[dict[str, Any], Path | None]:
         flow_cfg = self.settings.flow
-        model = configured(prepare_model, flow_cfg)(self.settings)
+        model = configured(prepare_model, flow_cfg)(self.model_settings)  # the run's model, on a held-out game too
         play_split = configured(evaluate_split, flow_cfg)
         measure = configured(measure_exploitability, flow_cfg) if exploitability.measured(self.settings) else None
+        if self.held_out:  # a game held out at evaluation: its task runs named apart from the run's game's
+            play_split = play_split.with_options(task_run_name=f"evaluate-{self.held_out}-{{split}}")
+            measure = measure and measure.with_options(task_run_name=f"exploitability-{self.held_out}")
         # checked whole and hashed once already (Policy.at): referenced as it is, not read again
         checkpoint = FileRef(path=policy.path, sha256=policy.sha256, kind="checkpoint") if policy is not None else None
         common = {"settings": self.settings, "model": model, "checkpoint": checkpoint, "out_dir": str(out_dir)}
@@ -109,11 +126,12 @@ class FlowEvaluationSteps(EvaluationSteps):
 
     def write_report(self, manifest: Path, tables: Mapping[str, Path], about: dict[str, Any], out_dir: Path,
                      history: Path | None, start_tables: Mapping[str, Path] | None,
-                     exploitability_files: Mapping[str, Path]) -> dict[str, Any]:
+                     exploitability_files: Mapping[str, Path],
+                     games: Mapping[str, HeldOutTables] | None = None) -> dict[str, Any]:
         return configured(write_report, self.settings.flow)(
             self.settings, FileRef.of(manifest), _refs(tables), about, str(out_dir),
             FileRef.of(history) if history is not None else None, _refs(start_tables) or None,
-            _refs(exploitability_files))
+            _refs(exploitability_files), {game: _held_out_refs(side) for game, side in (games or {}).items()} or None)
 
     def publish(self, title: str, markdown: Path, description: str) -> None:
         publish_markdown(title, markdown.read_text(), description)

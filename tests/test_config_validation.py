@@ -115,6 +115,9 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "eval.episodes": below(1),
     "eval.split": words({"held_out", "train", "all"}),
     "eval.sampling.top_p": outside(0, 1, low_open=True),
+    # games held out at evaluation: the game trained on, a game with no files, one listed twice, not a list
+    "eval.games": st.sampled_from([["kuhn_poker"], ["chess"], ["leduc_poker", "leduc_poker"], ["../kuhn_poker"],
+                                   "leduc_poker"]),
     "flow.runner": words({"thread", "process", "sequential", "ray"}),
     "flow.placement": words({"split", "colocated"}),
     # a Ray address is auto, host:port or ray://host:port: no port, a bad port or a scheme is wrong
@@ -184,7 +187,8 @@ BAD_COMMAND_LINES = [
     "run.name=", "run.name=../../..", "engine.sampling.max_new_tokens=100000000", "model.tiny.num_heads=3",
     "model.tiny.num_kv_heads=3", "population.train.intermediate.share=0.1", "game=sokoban game.params.max_moves=30",
     "game=tic_tac_toe game.params.turn_limit=2", "nonexistent.key=1", "+train.extra=1", "algo=nope", "train=",
-    "seed=-1", "flow.api_timeout_seconds=0",
+    "seed=-1", "flow.api_timeout_seconds=0", "eval.games=[chess]", "eval.games=[kuhn_poker]",
+    "eval.games=[liars_dice,liars_dice]", "game=leduc_poker eval.games=[leduc_poker]",
 ]
 #: What the line names where it is not the last override's whole key: a rule over a section,
 #: an unknown key of a section.

@@ -415,3 +415,55 @@ def test_deployments_serve_every_flow_with_a_nightly_schedule(tiny_model_dir, tm
     (schedule,) = built["nightly_evaluation"].schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Europe/Paris"
     assert not built["train"].schedules
+
+
+def test_a_held_out_game_is_evaluated_and_reported_alike_by_the_flows_and_the_library(tiny_model_dir, tmp_path):
+    # eval.games: a checkpoint (of the small model, saved without training) of a rock-paper-scissors
+    # run and its start, on Kuhn Poker held out (its exploitability too: 12 information states, where
+    # Leduc's 936 would take minutes). The flows and the library write the same tables and the same
+    # report, byte for byte; the nightly evaluation takes the list from the same key.
+    import mage.run
+    from flows import report
+    from mage.models.policy import load_policy
+    from mage.trainer.policy_trainer import PolicyTrainer
+
+    args = overrides(tiny_model_dir, tmp_path, "game=rock_paper_scissors", "eval.meta_episodes=2", "eval.episodes=2",
+                     "eval.sampling.max_new_tokens=8", "eval.games=[kuhn_poker]")
+    settings = load_settings(args)
+    policy = load_policy(str(tiny_model_dir))
+    saved = ckpt.save_checkpoint(RunLayout.of(settings).checkpoints, 1, policy,
+                                 PolicyTrainer(policy, settings.train, settings.algo).optimizer, config_hash="h",
+                                 parent=None, metrics={})
+    flowed, start, flow_report = tmp_path / "eval-flow", tmp_path / "start-flow", tmp_path / "report-flow"
+    played = evaluate(args, checkpoint=str(saved.path), split="held_out", out_dir=str(flowed), report=False)
+    assert played["games"] == {"kuhn_poker": {"held_out": str(flowed / "kuhn_poker" / "held_out.parquet")}}
+    evaluate(args, start=True, split="held_out", out_dir=str(start), report=False)
+    written = report(args, evaluation_dir=str(flowed), start_dir=str(start), out_dir=str(flow_report))
+    kuhn = pl.read_parquet(flowed / "kuhn_poker" / "held_out.parquet")
+    assert {json.loads(s)["game"] for s in kuhn["initial_state"]} == {"kuhn_poker"}
+    assert set(kuhn["opponent"]) == {"cfr_greedy", "cfr_sampled", "bluffer", "calling_station", "random"}
+    assert {"kuhn_poker/held_out/gain_over_start", "kuhn_poker/exploitability", "kuhn_poker/start_exploitability"} \
+        <= set(written["metrics"])
+    assert (flowed / "kuhn_poker" / "exploitability.json").is_file() and not (flowed / "exploitability.json").exists()
+
+    by_library, library_report = tmp_path / "eval-library", tmp_path / "report-library"
+    mage.run.evaluate(settings, checkpoint=saved.path, split="held_out", out_dir=by_library, report=False)
+    tables = {p.relative_to(flowed): p.read_bytes() for p in flowed.rglob("*") if p.suffix in (".parquet", ".json")}
+    assert sorted(map(str, tables)) == ["held_out-metrics.json", "held_out.parquet", "kuhn_poker/exploitability.json",
+                                        "kuhn_poker/held_out-metrics.json", "kuhn_poker/held_out.parquet"]
+    assert tables == {p.relative_to(by_library): p.read_bytes() for p in by_library.rglob("*")
+                      if p.suffix in (".parquet", ".json")}
+    mage.run.report(settings, evaluation_dir=flowed, start_dir=start, out_dir=library_report)
+    flow_files = {p.relative_to(flow_report): p.read_bytes() for p in flow_report.rglob("*") if p.is_file()}
+    library_files = {p.relative_to(library_report): p.read_bytes() for p in library_report.rglob("*") if p.is_file()}
+    assert {"report.json", "report.md", "metrics.json", "success_by_episode-kuhn_poker.png"} <= set(map(str, flow_files))
+    assert sorted(library_files) == sorted(flow_files)
+    assert [name for name in flow_files if library_files[name] != flow_files[name]] == []
+    markdown = (flow_report / "report.md").read_text()
+    assert "## Held-out game: kuhn_poker" in markdown
+    assert markdown.index("## Held-out game: kuhn_poker") < markdown.index("## Exploitability")
+
+    nightly = nightly_evaluation(args)
+    directory = Path(nightly["directory"])
+    assert (directory / "kuhn_poker" / "held_out.parquet").is_file()
+    assert json.loads((directory / "report.json").read_text())["about"]["held_out_games"] == ["kuhn_poker"]

@@ -424,15 +424,16 @@ def test_evaluate_checkpoint_plays_each_split_as_evaluate_does():
     # learning benchmark use) against evaluate() called split by split with its own backend.
     import dataclasses
 
-    from mage.backends import make_backend
     from mage.evaluation.play import evaluate, evaluate_checkpoint
+    from mage.models.policy import rollout_backend
     from mage.settings import load_settings
 
     settings = load_settings(["engine.backend=scripted", "eval.meta_episodes=16", "run.name=probe"])
     cfg = dataclasses.replace(settings.eval, episodes=2)
     tables = evaluate_checkpoint(settings, None, ("train", "held_out"), cfg)
     assert set(tables) == {"train", "held_out"}
-    backend = make_backend("scripted", **settings.engine.backend_options)  # one backend, splits in turn
+    # one backend, splits in turn: the run's scripted backend (it tokenizes its replies as the model would)
+    backend = rollout_backend(settings)
     for split, table in tables.items():
         expected = evaluate(settings, backend, dataclasses.replace(cfg, split=split), run_id="probe", progress=False)
         assert table.equals(expected)

@@ -31,9 +31,12 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
     return compose_with_sources(overrides, config_name)[0]
 
 
-def compose_with_sources(overrides: Sequence[str] = (), config_name: str = "config") -> tuple[DictConfig, dict[str, str]]:
+def compose_with_sources(overrides: Sequence[str] = (), config_name: str = "config",
+                         resolve: bool = True) -> tuple[DictConfig, dict[str, str]]:
     """:func:`compose`, and for each top-level section the file(s) it came from (the group
-    option Hydra chose), so that an error can name the file to fix."""
+    option Hydra chose), so that an error can name the file to fix. ``resolve`` False leaves the
+    interpolations as they are (``${eval.episodes}``), to be resolved after sections of another
+    composition replace some of these (:func:`mage.settings.validate.held_out_settings`)."""
     directory = config_dir()
     if not (directory / f"{config_name}.yaml").is_file():
         raise FileNotFoundError(f"no {config_name}.yaml in config directory {directory}")
@@ -42,7 +45,8 @@ def compose_with_sources(overrides: Sequence[str] = (), config_name: str = "conf
     choices = OmegaConf.to_container(cfg.hydra.runtime.choices)
     with open_dict(cfg):
         del cfg["hydra"]
-    OmegaConf.resolve(cfg)
+    if resolve:
+        OmegaConf.resolve(cfg)
     return cfg, _sources(directory, config_name, choices)
 
 

@@ -40,6 +40,8 @@ SplitName = Literal["train", "held_out"]
 SPLITS: tuple[str, ...] = get_args(SplitName)
 #: What an evaluation plays: one split, or both (``all``).
 Split = Literal[SplitName, "all"]
+#: The name of a config group option (``params/game/<name>.yaml``), as ``eval.games`` lists it.
+GAME_OPTION = re.compile(r"[A-Za-z0-9_]+")
 
 
 def splits_of(split: str) -> tuple[str, ...]:
@@ -368,6 +370,19 @@ class EvalSection:
     early_stop: bool  # a won episode ends the meta-episode
     seed: NonNegativeInt  # the evaluation's initial states: the same for every checkpoint
     sampling: SamplingSection  # the evaluation's sampling
+    # games the checkpoint did not train on, played beside the run's own, each with its own game and
+    # population files (params/game/<name>.yaml, params/population/<name>.yaml) and the run's model,
+    # engine and evaluation settings (docs/report.md, "Games held out at evaluation")
+    games: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in self.games:
+            if not GAME_OPTION.fullmatch(name):
+                raise ValueError(f"games: {name!r} is not a game's name (the name of a file in params/game/, "
+                                 "without .yaml: letters, digits and '_')")
+        repeated = sorted({name for name in self.games if self.games.count(name) > 1})
+        if repeated:
+            raise ValueError(f"games: {repeated[0]} is listed more than once; list each held-out game once")
 
     def groups_per_opponent(self, opponents: int) -> int:
         """Whole groups per opponent so that ``opponents`` share at least ``meta_episodes``."""

@@ -57,7 +57,16 @@ def make(game_name: str, opponent_name: str, game_params: Mapping[str, Any] | No
         raise ValueError(
             f"opponent {game_name}/{opponent_name} got unknown parameter(s) {unknown}; accepted: {accepted}"
         )
-    return factory(_openspiel_game(game_name, json.dumps(dict(game_params or {}), sort_keys=True)), **params)
+    from mage.games import is_openspiel_name
+
+    # only a game played through the adapter is built with its parameters (its OpenSpiel game is theirs)
+    chosen = json.dumps(dict(game_params or {}), sort_keys=True, default=_plain) if is_openspiel_name(game_name) else "{}"
+    return factory(_openspiel_game(game_name, chosen), **params)
+
+
+def _plain(value: Any) -> Any:
+    """A configuration's mapping or list (OmegaConf's) as JSON takes it."""
+    return dict(value) if isinstance(value, Mapping) else list(value)
 
 
 @cache

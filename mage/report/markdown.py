@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -90,15 +91,23 @@ def _adaptation(split: str, body: Mapping[str, Any]) -> list[str]:
 
 
 def _exploitability(sides: Mapping[str, Mapping[str, Any]], start: str) -> list[str]:
-    """Kuhn Poker: each side's exploitability, then its policy per information state."""
+    """Each side's exploitability (Kuhn Poker, or another game small enough for it:
+    mage.evaluation.exploitability), then on Kuhn Poker its policy per information state."""
     names = {"policy": "the evaluated policy", "start": start}
     rows = [(names[side], fmt(f["exploitability"], 4), fmt(f["nash_conv"], 4),
              fmt(f["value_vs_best_response"]["seat_0"], 4, signed=True),
              fmt(f["value_vs_best_response"]["seat_1"], 4, signed=True),
              fmt(f["value_vs_best_response"]["mean"], 4, signed=True)) for side, f in sides.items()]
-    lines = _table("Exploitability (Kuhn Poker, chips per hand, the first episode's policy)",
+    first = next(iter(sides.values()))
+    game = first.get("game", "Kuhn Poker")  # Kuhn Poker's figures name no game
+    lines = _table(f"Exploitability ({game}, {first['units']}, the first episode's policy)",
                    ("policy", "exploitability", "NashConv", "vs best response: player 1", "player 2", "mean"), rows)
-    states = list(next(iter(sides.values()))["action_probabilities"])
+    if "action_probabilities" not in first:  # hundreds of information states or more: no per-state table
+        return lines + ["", (f"Read from the model by teacher forcing at each of the {first['information_states']:,} "
+                             "information states of both players: the probability of replying `<action>move</action>` "
+                             "for each legal move, normalised over them; the policy plays both seats. A Nash "
+                             "equilibrium is 0 exploitable.")]
+    states = list(first["action_probabilities"])
     lines += _table("The first episode's policy: P(bet or call) per information state",
                     ("information state", *(names[side] for side in sides)),
                     ((state, *(fmt(_aggressive(f["action_probabilities"][state]), 3) for f in sides.values())) for state in states))
@@ -124,23 +133,49 @@ def _sampling(report: Mapping[str, Any]) -> list[str]:
     return [*lines, f"Evaluation figures (the tables below, success_by_episode.png, gains.png): the evaluation sampling{at}."]
 
 
+def _splits(splits: Mapping[str, Mapping[str, Any]], start: str, compared_with: str | None,
+            game: str | None = None) -> list[str]:
+    """Per split: the gains over the starting policy (when it was evaluated), the evaluated
+    policy per opponent, the starting policy per opponent, the three ceilings, per episode k;
+    each heading names the ``game`` when it is one held out at evaluation."""
+    lines: list[str] = []
+    for split, body in splits.items():
+        label = split if game is None else f"{game}, {split}"
+        if "gains" in body:
+            lines += _gains(label, body["gains"], start)
+        lines += _opponents(label, body["opponents"], "the evaluated policy")
+        if "start" in body:
+            lines += _opponents(label, body["start"]["opponents"], compared_with or "the starting policy")
+        lines += _adaptation(label, body)
+        lines += _episodes(label, body["episodes"])
+    return lines
+
+
+def _held_out_game(game: str, section: Mapping[str, Any], start: str, compared_with: str | None) -> list[str]:
+    """A game held out at evaluation: what it is, then the same tables as the run's own game's."""
+    params = section["about"].get("game_params")
+    shown = f" (`{json.dumps(params, sort_keys=True)}`)" if params else ""
+    lines = ["", f"## Held-out game: {game}", "",
+             (f"The same policies on {game}{shown}, a game the evaluated checkpoint "
+              "did not train on (`eval.games`): its own prompts and its own population "
+              f"(`params/population/{game}.yaml`), the run's evaluation settings.")]
+    lines += _splits(section["splits"], start, compared_with, game)
+    if section.get("exploitability"):
+        lines += _exploitability(section["exploitability"], compared_with or "the starting policy")
+    return lines
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     """The sampling of the figures (the training rollouts' numbers in words, see
     :func:`mage.report.tables.training_summary`), then per split: the gains over the starting policy
     (when it was evaluated), the evaluated policy per opponent, the starting policy per
-    opponent, then the per-episode table; on Kuhn Poker, the exploitability of both policies."""
+    opponent, then the per-episode table; on Kuhn Poker, the exploitability of both policies;
+    then each game held out at evaluation, the same way."""
     lines = _about(report["about"]) + _sampling(report)
     # a checkpoint's tables may stand in for the starting policy's (``compared_with``)
     compared_with = report["about"].get("compared_with")
     start = f"start: {compared_with}" if compared_with else "start"
-    for split, body in report["splits"].items():
-        if "gains" in body:
-            lines += _gains(split, body["gains"], start)
-        lines += _opponents(split, body["opponents"], "the evaluated policy")
-        if "start" in body:
-            lines += _opponents(split, body["start"]["opponents"], compared_with or "the starting policy")
-        lines += _adaptation(split, body)
-        lines += _episodes(split, body["episodes"])
+    lines += _splits(report["splits"], start, compared_with)
     if report.get("league"):
         lines += _table(f"The league after iteration {report['league'][0]['iteration']} (openskill ratings)",
                         ("player", "mu", "sigma", "P(agent wins)", "share of the last iteration's groups"),
@@ -148,6 +183,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
                          for r in report["league"]))
     if report.get("exploitability"):
         lines += _exploitability(report["exploitability"], compared_with or "the starting policy")
+    for game, section in report.get("games", {}).items():
+        lines += _held_out_game(game, section, start, compared_with)
     lines += ["", "Intervals are 95%: Wilson for rates, a bootstrap over initial states for returns and gains. "
               "Ceilings are of the initial states played: the first episode's is the best single-episode win "
               "probability p of a player who knows the opponent; with early stop the final episode's success is "

@@ -171,7 +171,7 @@ def learning_curves_figure(history: Sequence[Mapping[str, Any]], training: Mappi
     plt = _pyplot()
     iterations = [m["iteration"] for m in history]
     opponents = sorted({k.split("/")[1] for m in history for k in m if k.startswith("rollout/") and k.endswith("/final_win_rate")})
-    kuhn = any("train/exploitability" in m for m in history)  # Kuhn Poker: a third column
+    kuhn = any("train/exploitability" in m for m in history)  # a game whose exploitability is measured: a third column
     fig, axes = plt.subplots(2, 3 if kuhn else 2, figsize=(16 if kuhn else 11, 7), squeeze=False)
     for opponent in opponents:
         key = f"rollout/{opponent}/final_win_rate"
@@ -197,7 +197,8 @@ def learning_curves_figure(history: Sequence[Mapping[str, Any]], training: Mappi
     axes[1, 1].legend(fontsize=7)
     if kuhn:
         axes[0, 2].plot(iterations, [m.get("train/exploitability") for m in history], color="tab:purple")
-        axes[0, 2].set_title("exploitability of the first episode's policy\n(chips per hand; an equilibrium: 0)")
+        axes[0, 2].set_title("exploitability of the first episode's policy\n(payoff per episode, in poker chips; "
+                             "an equilibrium: 0)")
         players = sorted({k.split("/")[1] for m in history for k in m if k.startswith("league/") and k.endswith("/mu")})
         for player in players:  # population.league: the openskill ratings
             axes[1, 2].plot(iterations, [m.get(f"league/{player}/mu") for m in history], label=player,

@@ -22,7 +22,9 @@ split and per opponent (and pooled, ``all``):
 * with the starting policy: its figures and the gain over it, paired by initial state;
 * the training rollouts in words (``training``): their invalid-reply rate and the update's KL
   to the reference over the last iterations, at the training sampling (its temperature), where
-  every other figure is at the evaluation sampling.
+  every other figure is at the evaluation sampling;
+* per game held out at evaluation (``games``, ``eval.games``): the same per split, of the same
+  checkpoint beside the same starting policy, against that game's own population.
 
 Everything is a pure function of the tables and the manifest (bootstrap seeds are fixed),
 so the report's numbers can be recomputed from the trajectory tables alone.
@@ -341,24 +343,12 @@ def training_summary(history: Sequence[Mapping[str, Any]], temperature: float | 
     return summary
 
 
-def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], about: Mapping[str, Any],
-                 episodes: int, early_stop: bool = True,
-                 start_tables: Mapping[str, pl.DataFrame] | None = None,
-                 history: Sequence[Mapping[str, Any]] = (), training_temperature: float | None = None,
-                 exploitability: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """The report as JSON-able data: ``about`` (what was evaluated, and where it started),
-    ``training`` (:func:`training_summary` of the run's ``history``, sampled at
-    ``training_temperature``), then per split the per-opponent summary, the per-episode table
-    and, with ``start_tables``, the starting policy's summary and the gains over it. Kuhn
-    Poker's ``exploitability`` (:mod:`mage.evaluation.exploitability`), of the ``policy`` and of its
-    ``start``, goes in as it is."""
-    report: dict[str, Any] = {"about": dict(about) | {"episodes": episodes, "early_stop": early_stop},
-                              "training": training_summary(history, training_temperature), "splits": {}}
-    if exploitability:
-        report["exploitability"] = {side: dict(figures) for side, figures in exploitability.items()}
-    ratings = rating_rows(history[-1:])
-    if ratings:  # population.league: the ratings after the last recorded iteration
-        report["league"] = ratings
+def split_sections(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], episodes: int,
+                   early_stop: bool = True, start_tables: Mapping[str, pl.DataFrame] | None = None
+                   ) -> dict[str, dict[str, Any]]:
+    """Per split of one game's ``tables``: the per-opponent summary, the per-episode table and,
+    with ``start_tables``, the starting policy's summary and the gains over it."""
+    sections = {}
     for split, table in tables.items():
         body = {"opponents": per_opponent(table, manifest, episodes, early_stop),
                 "episodes": per_episode(table, manifest, episodes)}
@@ -367,7 +357,46 @@ def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any]
             body["start"] = {"opponents": per_opponent(start, manifest, episodes, early_stop),
                              "episodes": per_episode(start, manifest, episodes)}
             body["gains"] = gains_over_start(table, start, manifest)
-        report["splits"][split] = body
+        sections[split] = body
+    return sections
+
+
+def held_out_game(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], episodes: int,
+                  early_stop: bool = True, start_tables: Mapping[str, pl.DataFrame] | None = None,
+                  exploitability: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """A game held out at evaluation (``eval.games``), as :func:`build_report` takes it: what it is
+    (``about``: the game and its parameters, from its ``manifest``), its :func:`split_sections`
+    and, where it is measured, the ``exploitability`` of either side."""
+    game: dict[str, Any] = {"about": {"game": manifest["game"], "game_params": manifest.get("game_params")},
+                            "splits": split_sections(tables, manifest, episodes, early_stop, start_tables)}
+    if exploitability:
+        game["exploitability"] = {side: dict(figures) for side, figures in exploitability.items()}
+    return game
+
+
+def build_report(tables: Mapping[str, pl.DataFrame], manifest: Mapping[str, Any], about: Mapping[str, Any],
+                 episodes: int, early_stop: bool = True,
+                 start_tables: Mapping[str, pl.DataFrame] | None = None,
+                 history: Sequence[Mapping[str, Any]] = (), training_temperature: float | None = None,
+                 exploitability: Mapping[str, Mapping[str, Any]] | None = None,
+                 games: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The report as JSON-able data: ``about`` (what was evaluated, and where it started),
+    ``training`` (:func:`training_summary` of the run's ``history``, sampled at
+    ``training_temperature``), then per split the per-opponent summary, the per-episode table
+    and, with ``start_tables``, the starting policy's summary and the gains over it. Kuhn
+    Poker's ``exploitability`` (:mod:`mage.evaluation.exploitability`), of the ``policy`` and of its
+    ``start``, goes in as it is. ``games``: the games held out at evaluation, each a
+    :func:`held_out_game`, by name."""
+    report: dict[str, Any] = {"about": dict(about) | {"episodes": episodes, "early_stop": early_stop},
+                              "training": training_summary(history, training_temperature), "splits": {}}
+    if exploitability:
+        report["exploitability"] = {side: dict(figures) for side, figures in exploitability.items()}
+    ratings = rating_rows(history[-1:])
+    if ratings:  # population.league: the ratings after the last recorded iteration
+        report["league"] = ratings
+    report["splits"] = split_sections(tables, manifest, episodes, early_stop, start_tables)
+    if games:
+        report["games"] = {name: dict(game) for name, game in games.items()}
     return report
 
 
@@ -375,34 +404,39 @@ def headline_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     """What ``dvc exp show`` compares, per split pooled over its opponents: the final-episode
     win rate (and win-or-draw rate), its ratio to the ceiling, the gain over the starting
     policy, the first-to-final gain, the mean return and the invalid rate; on Kuhn Poker the
-    policy's exploitability and value against a best response (``start_``: its starting policy's)."""
+    policy's exploitability and value against a best response (``start_``: its starting policy's).
+    The same for each game held out at evaluation, under its name (``leduc_poker/held_out/...``,
+    ``leduc_poker/exploitability``)."""
     out: dict[str, float] = {}
-    for split, body in report["splits"].items():
-        pooled = next(r for r in body["opponents"] if r["opponent"] == ALL)
-        for name in ("final_win_rate", "final_win_or_draw_rate", "final_win_vs_ceiling", "win_rate_gain",
-                     "final_mean_return", "invalid_rate"):
-            if pooled.get(name) is not None:
-                out[f"{split}/{name}"] = round(float(pooled[name]), 6)
-        gains = next((r for r in body.get("gains", []) if r["opponent"] == ALL), None)
-        if gains is not None:
-            out[f"{split}/start_final_win_rate"] = round(gains["final_win_rate_start"], 6)
-            for metric, name in (("final_win_rate", "gain_over_start"),
-                                 ("final_win_or_draw_rate", "win_or_draw_gain_over_start")):
-                out[f"{split}/{name}"] = round(gains[f"{metric}_gain"], 6)
-                if gains[f"{metric}_gain_ci"]:  # the 95% interval: a gain counts when low > 0
-                    low, high = gains[f"{metric}_gain_ci"]
-                    out[f"{split}/{name}_low"], out[f"{split}/{name}_high"] = round(low, 6), round(high, 6)
-    for side, prefix in (("policy", ""), ("start", "start_")):
-        figures = report.get("exploitability", {}).get(side)
-        if figures is not None:  # Kuhn Poker, in chips per hand
-            out[f"{prefix}exploitability"] = round(figures["exploitability"], 6)
-            out[f"{prefix}value_vs_best_response"] = round(figures["value_vs_best_response"]["mean"], 6)
+    for scope, part in [("", report), *((f"{game}/", section) for game, section in report.get("games", {}).items())]:
+        for split, body in part["splits"].items():
+            pooled = next(r for r in body["opponents"] if r["opponent"] == ALL)
+            for name in ("final_win_rate", "final_win_or_draw_rate", "final_win_vs_ceiling", "win_rate_gain",
+                         "final_mean_return", "invalid_rate"):
+                if pooled.get(name) is not None:
+                    out[f"{scope}{split}/{name}"] = round(float(pooled[name]), 6)
+            gains = next((r for r in body.get("gains", []) if r["opponent"] == ALL), None)
+            if gains is not None:
+                out[f"{scope}{split}/start_final_win_rate"] = round(gains["final_win_rate_start"], 6)
+                for metric, name in (("final_win_rate", "gain_over_start"),
+                                     ("final_win_or_draw_rate", "win_or_draw_gain_over_start")):
+                    out[f"{scope}{split}/{name}"] = round(gains[f"{metric}_gain"], 6)
+                    if gains[f"{metric}_gain_ci"]:  # the 95% interval: a gain counts when low > 0
+                        low, high = gains[f"{metric}_gain_ci"]
+                        out[f"{scope}{split}/{name}_low"] = round(low, 6)
+                        out[f"{scope}{split}/{name}_high"] = round(high, 6)
+        for side, prefix in (("policy", ""), ("start", "start_")):
+            figures = part.get("exploitability", {}).get(side)
+            if figures is not None:  # Kuhn Poker, in chips per hand
+                out[f"{scope}{prefix}exploitability"] = round(figures["exploitability"], 6)
+                out[f"{scope}{prefix}value_vs_best_response"] = round(figures["value_vs_best_response"]["mean"], 6)
     return out
 
 
 def write_report(report: Mapping[str, Any], directory: str | Path, plots: bool = True,
                  history: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Path]:
-    """Write ``report.json``, ``metrics.json`` (headline numbers), ``report.md`` and the plots."""
+    """Write ``report.json``, ``metrics.json`` (headline numbers), ``report.md`` and the plots
+    (each game held out at evaluation: ``success_by_episode-<game>.png``, ``gains-<game>.png``)."""
     from mage.report.markdown import to_markdown
 
     directory = Path(directory)
@@ -428,4 +462,11 @@ def write_report(report: Mapping[str, Any], directory: str | Path, plots: bool =
         if history:
             written["learning_curves"] = plot_learning_curves(history, directory / "learning_curves.png",
                                                               report.get("training"))
+        for game, section in report.get("games", {}).items():  # a game held out at evaluation: its own plots
+            view = {"about": report["about"],
+                    "splits": {f"{game}, {split}": body for split, body in section["splits"].items()}}
+            written[f"success_by_episode-{game}"] = plot_success_by_episode(
+                view, directory / f"success_by_episode-{game}.png")
+            if any("gains" in body for body in section["splits"].values()):
+                written[f"gains-{game}"] = plot_gains(view, directory / f"gains-{game}.png")
     return written

@@ -15,7 +15,8 @@ Under ``paths.runs/<run.name>``::
 Beside it, ``.<run.name>.lock`` (one writer at a time; DVC versions nothing there). Under
 ``paths.evaluations/<run.name>``: one folder of evaluation tables per checkpoint
 (``ckpt-00002/``: :func:`evaluation_dir`) and the pipeline's ``final/``; the starting
-policy's is ``paths.start_evaluation``.
+policy's is ``paths.start_evaluation``. Each game held out at evaluation (``eval.games``) has
+its tables in a folder of its name inside these (:func:`held_out_dir`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def evaluation_dir(settings: Settings, checkpoint: str | Path | None) -> Path:
     if checkpoint is None:
         return Path(settings.paths.start_evaluation)
     return Path(settings.paths.evaluations) / settings.run_name / Path(checkpoint).name
+
+
+def held_out_dir(directory: str | Path, game: str) -> Path:
+    """Where the tables of ``game``, held out at evaluation (``eval.games``), go beside an
+    evaluation's own in ``directory``: ``<directory>/<game>``."""
+    return Path(directory) / game
 
 
 @dataclass(frozen=True)

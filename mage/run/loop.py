@@ -298,7 +298,7 @@ def describe_iteration(metrics: dict[str, Any]) -> str:
         f"win rate {metrics.get('rollout/all/final_win_rate', nan):.2f} ({per_opponent}); "
         f"invalid {metrics.get('rollout/invalid_rate', nan):.3f}; loss {metrics.get('train/loss', nan):+.4f}, "
         f"KL {metrics.get('train/kl', nan):.4f}; "
-        + (f"exploitability {metrics['train/exploitability']:.3f} chips/hand; " if "train/exploitability" in metrics
+        + (f"exploitability {metrics['train/exploitability']:.3f} per episode; " if "train/exploitability" in metrics
            else "")
         + f"rollout {metrics.get('rollout/meta_episodes_per_second', 0):.1f} "
         f"meta-episodes/s, update {metrics.get('train/tokens_per_second', 0):.0f} tokens/s"

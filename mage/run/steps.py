@@ -19,7 +19,7 @@ from mage import io
 from mage.algo import Penalties, add_advantages, add_returns
 from mage.backends import Backend
 from mage.config.sections import PopulationEntry
-from mage.evaluation import exploitability as kuhn
+from mage.evaluation import exploitability as exact_exploitability
 from mage.evaluation.play import write_evaluation
 from mage.models import checkpoint as ckpt
 from mage.population import league
@@ -138,8 +138,8 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
     """One PPO update on a scored table. Its seed and learning rate follow the iteration, so a
     resumed run replays the same update; a vLLM engine in this process sleeps meanwhile (its
     GPU memory goes to the trainer), then gets the new weights through memory where it takes
-    them so, checked (``weight_sync_gap_max``; :meth:`TrainingState.synced`). On Kuhn Poker the
-    metrics hold the updated policy's exploitability (:func:`exploitability`)."""
+    them so, checked (``weight_sync_gap_max``; :meth:`TrainingState.synced`). Where it is measured
+    the metrics hold the updated policy's exploitability (:func:`exploitability`)."""
     settings = state.settings
     state.wait_for_checkpoint()  # a checkpoint written behind reads the weights this changes
     with state.engine_asleep():
@@ -152,16 +152,19 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
 
 
 def exploitability(state: TrainingState) -> dict[str, float]:
-    """Kuhn Poker, played by a model: the exploitability of the policy in memory and its value
-    against a best response, in chips per hand (:mod:`mage.evaluation.exploitability`); else {}. Part of
-    :func:`update` (``train.workers=1``): with Ray Train's workers the flow's process holds the
-    weights in host memory only, where 24 forward passes of a 4B model would take minutes; the
-    evaluations still measure each checkpoint they load."""
+    """Where it is measured (Kuhn Poker, or an OpenSpiel game small enough: Leduc, liar's dice,
+    Goofspiel; played by a model): the exploitability of the policy in memory and its value
+    against a best response, in the game's payoff per episode (:mod:`mage.evaluation.exploitability`);
+    else {}. Part of :func:`update` (``train.workers=1``): with Ray Train's workers the flow's
+    process holds the weights in host memory only, where Kuhn's 24 forward passes of a 4B model
+    would take minutes; the evaluations still measure each checkpoint they load. Its cost grows
+    with the game: one forward pass per legal move of every information state (Kuhn 24, Leduc
+    2,184, liar's dice 2,040, Goofspiel 186; BENCHMARKS.md, "Exact exploitability: its cost per game")."""
     settings = state.settings
-    if not kuhn.measured(settings):
+    if not exact_exploitability.measured(settings):
         return {}
-    found = kuhn.of_run_policy(settings, kuhn.policy_scorer(state.policy, settings.model.chat,
-                                                             settings.model.enable_thinking))
+    found = exact_exploitability.of_run_policy(settings, exact_exploitability.policy_scorer(
+        state.policy, settings.model.chat, settings.model.enable_thinking))
     return {"exploitability": found["exploitability"], "value_vs_best_response": found["value_vs_best_response"]["mean"]}
 
 

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mage.algo import ESTIMATORS, OBJECTIVES
 from mage.config.sections import (
+    GAME_OPTION,
     SPLITS,
     AlgoSection,
     EngineSection,
@@ -41,7 +42,7 @@ from mage.config.sections import (
     TrainSection,
 )
 
-__all__ = ["Settings", "SettingsError", "build", "load_settings", "select"]
+__all__ = ["Settings", "SettingsError", "build", "held_out_games", "held_out_settings", "load_settings", "select"]
 
 #: How to regenerate a composed config file that is damaged or out of date.
 REGENERATE = "regenerate it with `python -m mage config --output params.yaml`"
@@ -232,6 +233,70 @@ def check_across(settings: Settings) -> None:
                             "groups); set flow.rollout_shards <= engine.groups")
     check_workers(settings)
     check_league(settings)
+    for game in settings.eval.games:  # each composed and validated whole, before any work
+        held_out_settings(settings, game)
+
+
+#: The config groups a game held out at evaluation takes from its own files (``eval.games``).
+HELD_OUT_GROUPS = ("game", "population")
+
+
+def held_out_games() -> list[str]:
+    """The games ``eval.games`` may list: those with a game file and a population file in ``params/``."""
+    from mage.config.compose import config_dir
+
+    directory = config_dir()
+    return sorted(path.stem for path in (directory / "game").glob("*.yaml")
+                  if all((directory / group / path.name).is_file() for group in HELD_OUT_GROUPS))
+
+
+def held_out_settings(settings: Settings, game: str) -> Settings:
+    """The settings that play ``settings``' policies on ``game``, a game held out at evaluation
+    (``eval.games``). The game and its population are ``game``'s own, as
+    ``load_settings([f"game={game}"])`` composes them (``params/game/<game>.yaml``,
+    ``params/population/<game>.yaml``, the population's interpolations resolved against the
+    run's settings), and so is its population manifest (``paths.population_manifest``, under
+    the run's ``paths.artifacts``). Everything else is the run's: the model (its checkpoints and
+    its starting policy), the engine, the evaluation (size, seed, sampling), the run's name and
+    the other paths. Its own ``eval.games`` is empty.
+
+    Raises :class:`SettingsError` naming ``eval.games`` and ``game``: a game with no game or
+    population file, the game the run trains on, or a game whose files do not validate."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mage.config.compose import compose_with_sources, config_dir
+
+    where = f"eval.games: {game!r}"
+    if not isinstance(game, str) or not GAME_OPTION.fullmatch(game):
+        raise SettingsError(f"{where}: not a game's name (a file of params/game/, without .yaml)")
+    missing = [f"params/{group}/{game}.yaml" for group in HELD_OUT_GROUPS
+               if not (config_dir() / group / f"{game}.yaml").is_file()]
+    if missing:
+        raise SettingsError(f"{where}: unknown game, there is no {' and no '.join(missing)}; games that can be "
+                            f"held out: {[name for name in held_out_games() if name != settings.game.name]}")
+    if game == settings.game.name:
+        raise SettingsError(f"{where}: the run trains on {game}, so it is not held out; list other games")
+    try:
+        composed, sources = compose_with_sources([f"game={game}"], resolve=False)
+        own = OmegaConf.to_container(composed, resolve=False)
+        raw = copy.deepcopy(settings.raw)
+        for group in HELD_OUT_GROUPS:
+            raw[group] = own[group]
+        raw["paths"] = {**raw["paths"], "population_manifest": own["paths"]["population_manifest"]}
+        raw["eval"] = {**raw["eval"], "games": []}
+        merged = OmegaConf.create(raw)
+        OmegaConf.resolve(merged)
+    except (HydraException, OmegaConfBaseException, KeyError, TypeError) as error:
+        raise SettingsError(f"{where}: {_one_line(error)}") from None
+    try:
+        held = Settings.from_config(merged, {group: sources[group] for group in HELD_OUT_GROUPS if group in sources})
+    except SettingsError as error:
+        raise SettingsError(f"{where}: {error}") from None
+    if (held.game.name, held.game.params) == (settings.game.name, settings.game.params):
+        raise SettingsError(f"{where}: params/game/{game}.yaml is the game the run trains on "
+                            f"({settings.game.name}), so it is not held out; list other games")
+    return held
 
 
 def check_league(settings: Settings) -> None:

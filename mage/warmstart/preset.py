@@ -216,7 +216,8 @@ def warm_start_check(model, tokenizer, settings: Settings, manifest: Mapping[str
     build = settings.model.tiny
     backend = backend or make_backend("hf", model=model, tokenizer=tokenizer, chat=settings.model.chat)
     cfg = EvalSection(split="train", episodes=build.check_episodes, meta_episodes=build.check_meta_episodes,
-                     group_size=1, early_stop=True, seed=build.check_seed, sampling=build.check_sampling)
+                     group_size=1, early_stop=True, seed=build.check_seed, sampling=build.check_sampling,
+                     games=())
     out: dict[str, Any] = {"meta_episodes_per_split": build.check_meta_episodes, "episodes": cfg.episodes,
                            "sampling": dataclasses.asdict(build.check_sampling)}
     for split in SPLITS:
