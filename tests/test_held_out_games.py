@@ -218,10 +218,20 @@ def test_the_experiment_evaluates_the_runs_final_checkpoint_and_tabulates_each_g
     assert (out / "start" / "rock_paper_scissors" / "held_out.parquet").is_file()
     lines = held_out_games.table(out).splitlines()
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| kuhn_poker (trained on)", "| rock_paper_scissors"]
-    section = json.loads((out / "final" / "report.json").read_text())["games"]["rock_paper_scissors"]
+    written = json.loads((out / "report" / "report.json").read_text())
+    section = written["games"]["rock_paper_scissors"]
     now = next(r for r in section["splits"]["held_out"]["opponents"] if r["opponent"] == "all")
     cells = lines[3].split(" | ")
     assert cells[1] == str(now["meta_episodes"]) and cells[3].startswith(f"{now['final_win_rate']:.3f} [")
     # the same tables as the evaluation that the fixture's report came from (same checkpoint, same initial states)
     assert (out / "final" / "rock_paper_scissors" / "held_out.parquet").read_bytes() == \
         (Path(evaluated["written"]["directory"]) / "rock_paper_scissors" / "held_out.parquet").read_bytes()
+    assert json.loads((out / "results" / "metrics.json").read_text()) == \
+        json.loads((out / "report" / "metrics.json").read_text())  # the final checkpoint's: not the workspace's
+    # run again (as after an interruption): a side whose tables are all there is kept, a side missing one is played
+    (out / "start" / "rock_paper_scissors" / "held_out.parquet").unlink()
+    kept = (out / "final" / "held_out.parquet").stat().st_mtime_ns
+    held_out_games.run(tmp_path / "out", ["rock_paper_scissors"], run_args)
+    assert (out / "final" / "held_out.parquet").stat().st_mtime_ns == kept
+    assert (out / "start" / "rock_paper_scissors" / "held_out.parquet").is_file()
+    assert json.loads((out / "report" / "report.json").read_text()) == written
