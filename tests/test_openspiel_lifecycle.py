@@ -1,8 +1,10 @@
 """Each game played through the OpenSpiel adapter, through the whole lifecycle on the
 ``scripted`` backend: the ``pipeline`` flow seeds its population (ceilings, the equilibrium's
-CFR+ table), trains the shared small model for one iteration on the scripted player's
-rollouts, evaluates the checkpoint and the starting policy on the training and held-out
-opponents, and reports. The report's figures are recomputed here from the tables."""
+CFR+ table), builds the game's own tiny preset at a smoke size (its tokenizer, its warm start
+and the warm start's check: what ``bash scripts/run.sh -S game=<game>`` builds), trains it for
+one iteration on the scripted player's rollouts, evaluates the checkpoint and the starting
+policy on the training and held-out opponents, and reports. The report's figures are
+recomputed here from the tables."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from test_games_end_to_end import SMOKE as PRESET_SMOKE
 from test_games_end_to_end import assert_agrees, recomputed
 
 from flows import pipeline
@@ -22,22 +25,23 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("prefect_harness")]
 
 GAMES = ("connect_four", "goofspiel", "leduc_poker", "liars_dice")
 
-SMOKE = ["model.build=null", "engine.backend=scripted", "train.iterations=1", "train.mini_batch_size=8",
-         "engine.groups=2", "engine.group_size=2", "engine.episodes=2", "engine.sampling.max_new_tokens=8",
-         "eval.meta_episodes=2", "eval.episodes=2", "eval.sampling.max_new_tokens=8", "population.ceilings.n_games=10"]
+#: the tiny preset's build made small (test_games_end_to_end.py's), on the scripted backend
+SMOKE = [*PRESET_SMOKE, "engine.backend=scripted"]
 
 
 @pytest.mark.parametrize("game", GAMES)
-def test_the_pipeline_runs_an_openspiel_game_on_the_scripted_backend(game, tiny_model_dir, tmp_path):
+def test_the_pipeline_runs_an_openspiel_game_on_the_scripted_backend(game, tmp_path):
     worker.forget()
     chosen = [f"game={game}"]
     # the equilibrium's CFR+ at 10 iterations, not 200: the same code, a smaller table to wait for
     cheaper = [] if game == "connect_four" else ["population.held_out.equilibrium.params.iterations=10"]
-    overrides = [*chosen, *cheaper, f"model.path={tiny_model_dir}", f"paths.artifacts={tmp_path}",
+    overrides = [*chosen, *cheaper, f"paths.artifacts={tmp_path}",
                  f"paths.results={tmp_path}/results", *SMOKE]
     result = pipeline(overrides)
     worker.forget()
 
+    preset = json.loads((tmp_path / "models" / f"tiny-{game}" / "preset.json").read_text())
+    assert preset["build"]["bc_rules"] == ["random"]  # the game's own warm start, built
     manifest = json.loads((tmp_path / "population" / f"{game}.json").read_text())
     entries = population_entries(compose(overrides))
     assert {o["id"] for o in manifest["opponents"]} == {e.id for e in entries}
