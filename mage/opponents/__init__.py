@@ -71,11 +71,9 @@ def _plain(value: Any) -> Any:
 
 @cache
 def _openspiel_game(game_name: str, game_params_json: str) -> pyspiel.Game | None:
-    from mage.games import make_game, is_openspiel_name
+    from mage.games import make_game
 
-    if not is_openspiel_name(game_name):  # the hand-written games' OpenSpiel game takes no parameters
-        return getattr(make_game(game_name), "openspiel_game", None)
-    return make_game(game_name, **json.loads(game_params_json)).openspiel_game
+    return getattr(make_game(game_name, **json.loads(game_params_json)), "openspiel_game", None)
 
 
 def opponent_for(entry: PopulationEntry, game_params: Mapping[str, Any] | None = None) -> Opponent | ModelSeat | None:

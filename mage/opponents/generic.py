@@ -121,11 +121,11 @@ def cfr_plus_average_policy(game: pyspiel.Game, iterations: int) -> tuple[pyspie
     """OpenSpiel's CFR+ average policy of ``game`` after ``iterations`` (C++, deterministic), its
     NashConv, and a digest of its table (every information state's probabilities, rounded);
     computed once a process per game and iteration count."""
-    return _cfr_plus(str(game), iterations)
+    return _cfr_plus(str(game), iterations)[:3]
 
 
 @cache
-def _cfr_plus(game_string: str, iterations: int) -> tuple[pyspiel.Policy, float, str]:
+def _cfr_plus(game_string: str, iterations: int) -> tuple[pyspiel.Policy, float, str, pyspiel.CFRPlusSolver]:
     game = pyspiel.load_game(game_string)
     solver = pyspiel.CFRPlusSolver(game)
     for _ in range(iterations):
@@ -136,13 +136,9 @@ def _cfr_plus(game_string: str, iterations: int) -> tuple[pyspiel.Policy, float,
         key = f"{state.current_player()}|{state.information_state_string()}"
         table[key] = [[int(a), round(float(p), 9)] for a, p in sorted(average.action_probabilities(state).items())]
     digest = hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:16]
-    # the policy reads the solver's tables: the solver is kept alive beside it, else the policy finds none
-    _SOLVERS.append(solver)
-    return average, float(pyspiel.nash_conv(game, average)), digest
-
-
-#: The CFR+ solvers whose average policies :func:`_cfr_plus` holds (one per game and iteration count)
-_SOLVERS: list[pyspiel.CFRPlusSolver] = []
+    # the solver is cached beside its policy: the policy reads the solver's tables, and finds none
+    # once the solver is gone
+    return average, float(pyspiel.nash_conv(game, average)), digest, solver
 
 
 class EquilibriumOpponent(Opponent):
