@@ -118,7 +118,7 @@ def prefect_harness():
 #: is a short one. (By default xdist orders files by their number of tests, which sends these,
 #: each a few long tests, last.)
 LONGEST_FILES = ("test_adaptation_learning.py", "test_ray_runner.py", "test_ray_update.py", "test_dvc_pipeline.py", "test_vllm_backend.py",
-                 "test_games_end_to_end.py", "test_gpu_check.py", "test_ui_end_to_end.py", "test_flows.py",
+                 "test_games_end_to_end.py", "test_openspiel_lifecycle.py", "test_gpu_check.py", "test_ui_end_to_end.py", "test_flows.py",
                  "test_vllm_weight_sync.py", "test_run.py", "test_paper_table.py", "test_faults.py", "test_trainer.py",
                  "test_stop_signals.py", "test_distributed_update.py", "test_step_reads.py", "test_weight_push.py")
 
