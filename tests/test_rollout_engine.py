@@ -419,7 +419,7 @@ def test_evaluation_gives_every_opponent_its_groups_whatever_its_training_share(
     assert set(dict(table.select("opponent", "meta_id").unique().group_by("opponent").len().iter_rows()).values()) == {7}
 
 
-def test_evaluate_checkpoint_plays_each_split_as_evaluate_does():
+def test_evaluate_checkpoint_plays_each_split_as_evaluate_does(tiny_model_dir):
     # The library's one-call evaluation (what the evaluate task, the paper's table and the
     # learning benchmark use) against evaluate() called split by split with its own backend.
     import dataclasses
@@ -428,7 +428,9 @@ def test_evaluate_checkpoint_plays_each_split_as_evaluate_does():
     from mage.models.policy import rollout_backend
     from mage.settings import load_settings
 
-    settings = load_settings(["engine.backend=scripted", "eval.meta_episodes=16", "run.name=probe"])
+    # the scripted backend tokenizes with the run's model: a saved one, as a fresh clone has no preset built
+    settings = load_settings(["engine.backend=scripted", "eval.meta_episodes=16", "run.name=probe",
+                              f"model.path={tiny_model_dir}", "model.build=null"])
     cfg = dataclasses.replace(settings.eval, episodes=2)
     tables = evaluate_checkpoint(settings, None, ("train", "held_out"), cfg)
     assert set(tables) == {"train", "held_out"}
