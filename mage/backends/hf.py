@@ -58,7 +58,7 @@ from mage.backends.base import (
     thinking_open,
 )
 from mage.backends.chat import format_prompt
-from mage.tensors import DTYPES, common_prefix_length, teacher_forced
+from mage.tensors import DTYPES, common_prefix_length, teacher_forced_shared
 
 if TYPE_CHECKING:
     from mage.backends.vllm_sync import Probe
@@ -239,8 +239,10 @@ class HFBackend(Backend):
         return [len(ids) for ids in self.encode(prompts)]
 
     def logprobs_of(self, probe: Probe) -> list[list[float]]:
-        """A teacher-forced pass of the model it generates with (:func:`mage.tensors.teacher_forced`)."""
-        return teacher_forced(self.model, probe.tokens, probe.scored)
+        """A teacher-forced pass of the model it generates with, the prompts shared by several
+        sequences run once (:func:`mage.tensors.teacher_forced_shared`: reading a policy asks for
+        every legal reply after the same prompt)."""
+        return teacher_forced_shared(self.model, probe.tokens, probe.scored)
 
     # -- generation ------------------------------------------------------------------------
     def _stop_criteria(self, stop: tuple[str, ...]) -> StopStringCriteria | None:
