@@ -33,6 +33,11 @@ def clear() -> None:
     _REQUESTED.clear()
 
 
+def requested() -> bool:
+    """Whether a stop was asked and not withdrawn."""
+    return _REQUESTED.is_set()
+
+
 def check() -> None:
     """Raise :class:`StopRequested` if a stop was asked."""
     if _REQUESTED.is_set():

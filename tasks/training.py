@@ -24,7 +24,7 @@ from mage.config.sections import splits_of
 from mage.models import checkpoint as ckpt
 from mage.rollout import RolloutStats, read_trajectories
 from mage.run import steps
-from mage.run.loop import Steps
+from mage.run.loop import Ahead, Steps
 from mage.run.state import TrainingState
 from mage.settings import Settings
 from tasks import worker
@@ -42,6 +42,17 @@ def rollout_here(state: TrainingState, iteration: int, shard: int) -> tuple[pl.D
     with worker.LOCK:
         return steps.rollout(state.settings, state.backend(), iteration, shard, progress=False,
                              snapshots=state.snapshots)
+
+
+@task(name="rollout-shard-behind", task_run_name="rollout-{iteration}-shard-{shard}-behind", **STEP_DEFAULTS)
+def rollout_behind_here(state: TrainingState, iteration: int, shard: int,
+                        policy_version: int) -> tuple[pl.DataFrame, RolloutStats]:
+    """Shard ``shard`` of iteration ``iteration``, sampled from the copy of the weights of
+    version ``policy_version`` while the update changes the trainer's (``train.max_staleness``:
+    :meth:`mage.run.loop.Steps.rollout_behind`)."""
+    with worker.BEHIND_LOCK:
+        return steps.rollout(state.settings, state.backend_behind(), iteration, shard, progress=False,
+                             snapshots=state.snapshots, policy_version=policy_version)
 
 
 @task(name="rollout-shard", task_run_name="rollout-{iteration}-shard-{shard}", **STEP_DEFAULTS)
@@ -105,6 +116,19 @@ class FlowSteps(Steps):
         weights = ckpt.weights_id(state.checkpoint) if state.checkpoint is not None else None
         played = self.play_elsewhere(checkpoint, weights, iteration)
         return [read_trajectories(Path(p["table"])) for p in played], [RolloutStats(**p["stats"]) for p in played]
+
+    def rollout_behind(self, state: TrainingState, iteration: int) -> Ahead:
+        state.sync_behind()  # before any shard starts: they all play on the weights as they are now
+        task = self._configured(rollout_behind_here)
+        futures = [self.runner.submit(task, {"state": state, "iteration": iteration, "shard": s,
+                                             "policy_version": state.iteration})
+                   for s in range(self.settings.flow.rollout_shards)]
+
+        def wait() -> tuple[list[pl.DataFrame], list[RolloutStats]]:
+            played = [future.result() for future in futures]
+            return [table for table, _ in played], [stats for _, stats in played]
+
+        return Ahead(wait)
 
     def play_elsewhere(self, checkpoint: str | None, weights: str | None, iteration: int) -> list[dict[str, Any]]:
         """Every shard of ``iteration`` played from ``checkpoint`` (``weights``: its

@@ -20,6 +20,9 @@ from mage.settings import Settings
 #: Serialises work on shared state: rollout shards submitted to a thread pool take turns on
 #: one in-memory model (use the process or Ray runner to spread shards over devices).
 LOCK = threading.RLock()
+#: The same for the shards of a rollout behind the update (``train.max_staleness``): they take
+#: turns on the copy of the weights they play on, while the update holds :data:`LOCK`
+BEHIND_LOCK = threading.Lock()
 #: This process's rollout worker and the hash of what its rollouts read (one at a time)
 _WORKER: tuple[str, RolloutWorker] | None = None
 

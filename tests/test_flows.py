@@ -124,6 +124,27 @@ def test_the_flow_and_the_library_run_the_same_iterations(tiny_model_dir, tmp_pa
     assert [line.split("\t")[0] for line in live.read_text().splitlines()] == ["step", "1", "2", "3"]
 
 
+def test_behind_the_update_the_flow_and_the_library_run_the_same_iterations(tiny_model_dir, tmp_path):
+    # train.max_staleness=1 on two shards: the flow plays each next rollout as tasks behind the
+    # update (the shards taking turns on the copy of the weights), the library on its own thread
+    extra = ("train.iterations=3", "train.max_staleness=1", "flow.rollout_shards=2")
+    state = train(overrides(tiny_model_dir, tmp_path / "flow", *extra), return_state=True)
+    assert state.is_completed()
+    names = state_names(state)
+    behind = {f"rollout-{k}-shard-{s}-behind" for k in (2, 3) for s in (0, 1)}
+    assert behind <= set(names) and all(names[n] == "Completed" for n in behind)
+    assert "rollout-1-shard-0" in names and "rollout-2-shard-0" not in names
+    direct = load_settings(overrides(tiny_model_dir, tmp_path / "direct", *extra))
+    assert library_train(direct, progress=False).iterations == [1, 2, 3]
+    flowed = load_settings(overrides(tiny_model_dir, tmp_path / "flow", *extra))
+    a, b = run_files(flowed), run_files(direct)
+    assert a.keys() == b.keys() and [name for name in a if a[name] != b[name]] == []
+    from mage.rollout import read_trajectories
+
+    layout = RunLayout.of(flowed)
+    assert [set(read_trajectories(layout.rollout(k))["policy_version"]) for k in (1, 2, 3)] == [{0}, {0}, {1}]
+
+
 def test_a_second_run_resumes_and_a_longer_run_runs_only_what_it_adds(tiny_model_dir, tmp_path):
     args = overrides(tiny_model_dir, tmp_path)
     first = state_names(train(args, return_state=True))

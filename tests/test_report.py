@@ -20,7 +20,7 @@ J, Q, K = 0, 1, 2
 def row(meta, opponent, seat, cards, episode, turn, *, ret, won, phase="play", valid=True, done=True):
     initial = json.dumps({"game": "kuhn_poker", "seed": meta, "agent_seat": seat, "data": {"cards": cards}})
     return {
-        "run_id": "eval", "iteration": 3, "group_id": meta, "meta_id": meta, "game": "kuhn_poker", "opponent": opponent,
+        "run_id": "eval", "iteration": 3, "policy_version": 0, "group_id": meta, "meta_id": meta, "game": "kuhn_poker", "opponent": opponent,
         "seat": seat, "seed": meta, "initial_state": initial, "episode": episode, "turn": turn, "phase": phase,
         "observation": "s", "prompt": "", "response": "", "prompt_token_ids": [1], "response_token_ids": [2],
         "response_logprobs": [0.0], "finish_reason": "stop", "dropped_episodes": 0, "action": None, "valid": valid,

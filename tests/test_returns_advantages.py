@@ -28,7 +28,7 @@ from mage.rollout.schema import from_rows
 
 def row(meta, opponent, episode, turn, *, ret, phase="play", valid=True, done=False, observation="s0", tokens=2, seed=1):
     return {
-        "run_id": "r", "iteration": 0, "group_id": 0, "meta_id": meta, "game": "kuhn_poker", "opponent": opponent,
+        "run_id": "r", "iteration": 0, "policy_version": 0, "group_id": 0, "meta_id": meta, "game": "kuhn_poker", "opponent": opponent,
         "seat": 0, "seed": seed, "initial_state": "{}", "episode": episode, "turn": turn, "phase": phase,
         "observation": observation, "prompt": "", "response": "", "prompt_token_ids": [1],
         "response_token_ids": [7] * tokens, "response_logprobs": [0.0] * tokens, "finish_reason": "stop",
@@ -251,7 +251,7 @@ def test_meta_rewards_coincide_when_only_an_early_stopping_win_pays(metas):
     separates them."""
     from mage.algo.returns import meta_rewards
 
-    rows = [{"run_id": "r", "iteration": 1, "meta_id": meta, "episode": n,
+    rows = [{"run_id": "r", "iteration": 1, "policy_version": 0, "meta_id": meta, "episode": n,
              "episode_return": last if n == episodes else 0.0}
             for meta, (episodes, last) in enumerate(metas) for n in range(1, episodes + 1)]
     table = pl.DataFrame(rows)

@@ -159,7 +159,7 @@ def chain_rows() -> list[dict]:
         for episode, move in enumerate(moves, start=1):
             result = expected(move, "paper")
             ret = {Outcome.WIN: 10.0, Outcome.DRAW: 0.0, Outcome.LOSS: -10.0}[result]
-            common = {"run_id": "r", "iteration": 1, "group_id": 0, "meta_id": meta, "game": GAME,
+            common = {"run_id": "r", "iteration": 1, "policy_version": 0, "group_id": 0, "meta_id": meta, "game": GAME,
                       "opponent": "always_paper", "seat": 0, "seed": 1, "initial_state": "{}", "episode": episode,
                       "prompt": "", "prompt_token_ids": [1], "response_token_ids": [7, 7, 7],
                       "response_logprobs": [0.0] * 3, "finish_reason": "stop", "dropped_episodes": 0, "valid": True,

@@ -10,7 +10,7 @@ from mage.rollout.schema import from_rows
 
 def row(meta, opponent, episode, turn, *, phase="play", valid=True, ret=0.0, won=False, draw=False, tokens=3):
     return {
-        "run_id": "r", "iteration": 0, "group_id": meta, "meta_id": meta, "game": "kuhn_poker",
+        "run_id": "r", "iteration": 0, "policy_version": 0, "group_id": meta, "meta_id": meta, "game": "kuhn_poker",
         "opponent": opponent, "seat": 0, "seed": 0, "initial_state": "{}", "episode": episode, "turn": turn,
         "phase": phase, "observation": "", "prompt": "", "response": "x",
         "prompt_token_ids": [1], "response_token_ids": list(range(tokens)), "response_logprobs": [0.0] * tokens,

@@ -12,10 +12,25 @@ For every response token t of call i, with advantage A_i broadcast over its toke
 Aggregation is token-mean over the whole mini-batch: the sum over tokens divided by the
 mini-batch's number of response tokens, so micro-batches accumulate to exactly the
 mini-batch's mean whatever their sizes.
+
+``algo.policy_loss`` names the loss, registered in :data:`POLICY_LOSSES` (as the objectives
+and estimators are): ``ppo`` is the above; ``decoupled_ppo`` corrects it for replies sampled
+from an older policy than the one the update starts from (``train.max_staleness``), with the
+decoupled objective (Hilton et al. 2022; AReaL). pi_old is then the proximal policy (the
+trainer's weights as the update starts, what the clip is taken around) and mu the behaviour
+policy (the rollout's, its log-probs recorded in ``response_logprobs``):
+
+    w_t       = min(exp(log pi_old(t) - log mu(t)), cap)   for a stale call; exactly 1 otherwise
+    loss_t    = w_t * pg_t + beta * kl_t - alpha * H_t
+
+with cap ``algo.behaviour_weight_cap``. A call is stale when its ``policy_version`` is below
+the update's (the updates its weights had seen); with every call fresh, as at staleness 0,
+``decoupled_ppo`` is ``ppo`` exactly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +62,19 @@ def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
 
 
 @dataclass
+class BehaviourWeights:
+    """Sums over one micro-batch's reply tokens of the behaviour weights w_t (what the update's
+    metrics are made of: their mean, spread and largest, and the truncated share)."""
+
+    total: float = 0.0  # sum of w_t
+    squares: float = 0.0  # sum of w_t ** 2
+    largest: float = 0.0  # max w_t before the cap (1.0 when nothing is stale)
+    truncated: int = 0  # tokens whose weight was cut to the cap
+    stale: int = 0  # tokens of stale calls
+    tokens: int = 0
+
+
+@dataclass
 class LossParts:
     loss: torch.Tensor  # this micro-batch's share of the mini-batch token-mean
     policy: float
@@ -54,8 +82,40 @@ class LossParts:
     entropy: float
     clip_fraction: float
     tokens: int
+    weights: BehaviourWeights | None = None  # decoupled_ppo's
 
 
+#: ``loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg, total_tokens, entropy,
+#: behaviour_logprobs, stale)``: tensors [rows, tokens], ``advantages`` and ``stale`` [rows]
+PolicyLoss = Callable[..., LossParts]
+
+#: ``algo.policy_loss`` -> its loss
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register a policy loss under ``name`` (``algo.policy_loss``)."""
+
+    def register(loss: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is registered twice")
+        POLICY_LOSSES[name] = loss
+        return loss
+
+    return register
+
+
+def behaviour_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, stale: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """pi_old(t) / mu(t) at the reply tokens of stale rows, before the cap; exactly 1 elsewhere
+    (the log-ratio is set to 0 before the exponential, as in :func:`low_var_kl`). Tensors
+    [rows, tokens], ``stale`` [rows]; no gradient flows through it."""
+    keep = mask.bool() & stale.bool().unsqueeze(-1)
+    log_ratio = (old_logprobs - behaviour_logprobs).detach()
+    return torch.exp(torch.where(keep, log_ratio, torch.zeros_like(log_ratio)))
+
+
+@register_policy_loss("ppo")
 def ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -65,8 +125,65 @@ def ppo_loss(
     cfg: AlgoSection,
     total_tokens: int,
     entropy: torch.Tensor | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
+    stale: torch.Tensor | None = None,
 ) -> LossParts:
-    """PPO loss of one micro-batch; tensors are [rows, tokens], ``advantages`` is [rows]."""
+    """PPO loss of one micro-batch; tensors are [rows, tokens], ``advantages`` is [rows]. The
+    behaviour policy is not used: stale rows are trained on as if on-policy (uncorrected), every
+    weight 1."""
+    parts = _clipped_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg, total_tokens, entropy)
+    keep = mask.bool()
+    tokens = int(keep.sum())
+    stale_tokens = int((keep & stale.bool().unsqueeze(-1)).sum()) if stale is not None else 0
+    parts.weights = BehaviourWeights(total=float(tokens), squares=float(tokens), largest=1.0, stale=stale_tokens,
+                                     tokens=tokens)
+    return parts
+
+
+@register_policy_loss("decoupled_ppo")
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: AlgoSection,
+    total_tokens: int,
+    entropy: torch.Tensor | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
+    stale: torch.Tensor | None = None,
+) -> LossParts:
+    """:func:`ppo_loss` with each stale row's policy term weighted by w_t (:func:`behaviour_weights`):
+    the clip around the proximal policy ``old_logprobs``, the importance weight against the
+    behaviour policy ``behaviour_logprobs``. Without stale rows it is :func:`ppo_loss`, bit for bit."""
+    if stale is None or not bool(stale.any()):
+        return ppo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg, total_tokens, entropy, stale=stale)
+    if behaviour_logprobs is None:
+        raise ValueError("stale rows need the behaviour policy's log-probs (response_logprobs)")
+    raw = behaviour_weights(old_logprobs, behaviour_logprobs, stale, mask)
+    weight = raw.clamp(max=cfg.behaviour_weight_cap)
+    parts = _clipped_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg, total_tokens, entropy, weight)
+    keep = mask.bool()
+    tokens = int(keep.sum())
+    kept = weight[keep]
+    parts.weights = BehaviourWeights(total=float(kept.sum()), squares=float((kept * kept).sum()),
+                                     largest=float(raw[keep].max()) if tokens else 1.0,
+                                     truncated=int((raw[keep] > cfg.behaviour_weight_cap).sum()),
+                                     stale=int((keep & stale.bool().unsqueeze(-1)).sum()), tokens=tokens)
+    return parts
+
+
+def _clipped_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: AlgoSection,
+    total_tokens: int,
+    entropy: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+) -> LossParts:
     keep = mask.bool()
     mask = mask.float()
     adv = advantages.unsqueeze(-1).to(logprobs.dtype)
@@ -78,6 +195,8 @@ def ppo_loss(
     clipped = -adv * ratio.clamp(1.0 - cfg.clip_ratio, 1.0 + cfg.clip_ratio)
     pg = torch.maximum(unclipped, clipped)
     pg = torch.where(adv < 0, torch.minimum(pg, -adv * cfg.dual_clip), pg)
+    if weight is not None:
+        pg = weight * pg
     per_token = pg
     kl = torch.zeros_like(pg)
     if ref_logprobs is not None and cfg.kl_coef:

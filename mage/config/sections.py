@@ -250,6 +250,11 @@ EpisodeBaseline = Literal["pooled", "per_episode"]
 Grouping = Literal["stationary", "mixed"]
 
 
+#: The losses registered in mage.algo.losses.POLICY_LOSSES (a test keeps the two the same: the
+#: settings load without torch, which the losses need)
+PolicyLossName = Literal["ppo", "decoupled_ppo"]
+
+
 @validated_dataclass(frozen=True)
 class AlgoSection:
     """``params/algo``: returns, advantages and the PPO loss (docs/method.md: Rewards and returns,
@@ -279,6 +284,10 @@ class AlgoSection:
     dual_clip: Annotated[float, Field(gt=1)]  # c: a negative advantage's loss is at most -A * c
     kl_coef: NonNegative  # beta: weight of the low_var_kl penalty to the reference policy
     entropy_coef: NonNegative  # alpha: weight of the entropy bonus
+    # ppo, or decoupled_ppo: stale calls (train.max_staleness) weighted by the proximal over the
+    # behaviour policy, truncated (mage/algo/losses.py); the same as ppo when no call is stale
+    policy_loss: PolicyLossName
+    behaviour_weight_cap: Annotated[float, Field(gt=1, le=100)]  # decoupled_ppo: the weight's truncation
 
 
 Batching = Literal["bucketed", "padded"]
@@ -328,6 +337,10 @@ class TrainSection:
     # it before the next update (mage.run.loop.writes_behind); the update waits for it
     write_behind: bool
     eval_every: NonNegativeInt  # iterations between evaluations during training (0: none)
+    # How many updates behind the update's weights a rollout may sample from: 0, rollout and
+    # update in turn; 1, the rollout of iteration k+1 plays while update k runs, from the weights
+    # before it (docs/gpu.md, "Asynchronous rollouts"; the update corrects for it: algo.policy_loss)
+    max_staleness: Annotated[int, Field(ge=0, le=1)]
     # Drift warnings: the invalid-reply rate rising this far over the run's first iteration
     # (a warm start may begin with many invalid replies: the Tic-Tac-Toe one does), or a KL
     # to the reference above drift_kl. They change no result.

@@ -72,7 +72,8 @@ def evaluate(
                             concurrency=played.concurrency)
     engine = RolloutEngine(backend, rollout, settings.game.params)
     sampling = replace(cfg.sampling, seed=derive_seed(cfg.seed, 99))
-    return engine.run(specs, sampling, run_id=run_id, iteration=iteration, progress=progress)
+    # a checkpoint's tables are numbered by its iteration, the updates its weights had seen
+    return engine.run(specs, sampling, run_id=run_id, iteration=iteration, progress=progress, policy_version=iteration)
 
 
 def evaluate_checkpoint(

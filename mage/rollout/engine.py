@@ -298,11 +298,13 @@ class RolloutEngine:
         run_id: str = "run",
         iteration: int = 0,
         progress: bool = True,
+        policy_version: int = 0,
     ) -> pl.DataFrame:
-        """Play every planned meta-episode; return their calls as a trajectory table."""
+        """Play every planned meta-episode; return their calls as a trajectory table, each row
+        marked with ``policy_version`` (the updates the backend's weights had seen)."""
         stats = RolloutStats(meta_episodes=len(specs))
         started = time.perf_counter()
-        base = {"run_id": run_id, "iteration": iteration}
+        base = {"run_id": run_id, "iteration": iteration, "policy_version": policy_version}
         games = {}
         pending = list(specs)
         live: list[MetaEpisode] = []

@@ -24,6 +24,8 @@ from mage import io
 BASE_COLUMNS: dict[str, tuple[pl.DataType, str]] = {
     "run_id": (pl.String, "run the rows belong to"),
     "iteration": (pl.Int64, "training iteration (or evaluation round) that produced the rows"),
+    "policy_version": (pl.Int64, "updates the sampling weights had seen: iteration - 1 - train.max_staleness in "
+                                 "training (at least 0), the checkpoint's iteration in an evaluation"),
     "group_id": (pl.Int64, "meta-episodes of a group share initial-state seed and opponent"),
     "meta_id": (pl.Int64, "meta-episode, unique within (run_id, iteration)"),
     "game": (pl.String, "game name (OpenSpiel's, or sokoban)"),

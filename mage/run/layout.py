@@ -6,7 +6,8 @@ Under ``paths.runs/<run.name>``::
     run.json                          what the run is: the settings its iterations depend on
     checkpoints/ckpt-00002/ ...       train.checkpoint_every, the last iteration, and every evaluation
     rollouts/iteration-00001.parquet  each iteration's table, with returns and advantages
-    rollouts/shards/iteration-00001-shard-000.parquet   a shard's table (rollouts in other processes)
+    rollouts/shards/iteration-00001-shard-000.parquet   a shard's table (rollouts in other processes,
+                                      or played behind the update: train.max_staleness, with .stats.json)
     metrics.jsonl                     one line per iteration: what it computed (repeats bitwise)
     performance.jsonl                 one line per iteration: how fast, how much memory (this machine's)
     league.jsonl                      population.league: one line per iteration, the snapshots and ratings after it

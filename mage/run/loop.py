@@ -2,6 +2,11 @@
 record -> checkpoint (when due; written behind the next rollout where nothing reads it first,
 :func:`writes_behind`) -> evaluate (when due), then ``final.json``.
 
+With ``train.max_staleness`` 1 the rollout of iteration k+1 plays while update k runs, on a copy
+of the weights from before update k (:meth:`Steps.rollout_behind`); the loop waits for it before
+checkpoint k, and keeps its table in the run (:func:`mage.run.steps.keep_ahead`), so a run
+resumed from checkpoint k trains on the same table, and continues as the uninterrupted run does.
+
 :func:`train` is the only loop body. How each step runs is a :class:`Steps` object's
 business: this module's runs them in this process (a notebook, ``benchmarks/``); the
 ``train`` flow passes ``tasks.training.FlowSteps`` (on Ray its ``tasks.ray.steps.RayFlowSteps``),
@@ -25,13 +30,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from mage import io
+from mage import io, stopping
 from mage.backends import loads_checkpoints, takes_weights_in_memory
 from mage.config.sections import splits_of
 from mage.models import checkpoint as ckpt
@@ -77,6 +83,24 @@ class Steps:
                   for shard in range(self.settings.flow.rollout_shards)]
         return [table for table, _ in played], [stats for _, stats in played]
 
+    def rollout_behind(self, state: TrainingState, iteration: int) -> Ahead:
+        """Start every shard of ``iteration``'s rollout, in turn on a thread, on a copy of the
+        weights as they are now (:meth:`TrainingState.sync_behind`), and return at once: the
+        caller updates the trainer's weights meanwhile."""
+        state.sync_behind()
+        backend, version = state.backend_behind(), state.iteration
+
+        def play() -> tuple[list[pl.DataFrame], list[RolloutStats]]:
+            played = [steps.rollout(self.settings, backend, iteration, shard, self.progress, snapshots=state.snapshots,
+                                    policy_version=version) for shard in range(self.settings.flow.rollout_shards)]
+            return [table for table, _ in played], [stats for _, stats in played]
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"rollout-{iteration}-behind")
+        try:
+            return Ahead(pool.submit(play).result)
+        finally:
+            pool.shutdown(wait=False)  # the thread ends with its rollout
+
     def score(self, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
         return steps.score(self.settings, tables, iteration)
 
@@ -101,6 +125,14 @@ class Steps:
     def reported_evaluation(self, iteration: int, split: str, final: list[dict[str, Any]]) -> None:
         self.log.info(f"evaluation at iteration {iteration} ({split}): final-episode win rate "
                       + ", ".join(f"{row['opponent']} {row['final_win_rate']:.2f}" for row in final))
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A rollout playing behind the update (:meth:`Steps.rollout_behind`): ``result()`` waits
+    for it and gives its shards' tables and stats, or raises what stopped it."""
+
+    result: Callable[[], tuple[list[pl.DataFrame], list[RolloutStats]]]
 
 
 @dataclass
@@ -183,6 +215,7 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
         state = run_steps.start(resume_point(settings, layout))
         result.resumed_from = result.checkpoint = state.checkpoint
         live = None
+        ahead: tuple[list[pl.DataFrame], list[RolloutStats]] | None = None  # the next iteration's, played behind
         try:
             # what a crashed or stopped call recorded after its newest checkpoint is computed again
             kept = record.keep_up_to(layout, state.iteration)
@@ -193,9 +226,24 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
             for iteration in range(state.iteration + 1, settings.train.iterations + 1):
                 if stop_after is not None and len(result.iterations) >= stop_after:
                     break
-                tables, stats = run_steps.rollout(state, iteration)
+                if ahead is not None:  # played behind the update before
+                    tables, stats = ahead
+                    ahead = None
+                else:
+                    tables, stats = first_rollout(settings, run_steps, state, iteration)
                 table = run_steps.score(tables, iteration)
-                update = run_steps.update(state, table, iteration)
+                behind = None
+                if settings.train.max_staleness and iteration < settings.train.iterations:
+                    behind = run_steps.rollout_behind(state, iteration + 1)
+                try:
+                    update = run_steps.update(state, table, iteration)
+                except BaseException:
+                    if behind is not None:  # no thread is left playing; a resume plays it again
+                        abandon(behind, iteration + 1)
+                    raise
+                if behind is not None:  # before checkpoint k: a resume from it trains on this table
+                    ahead = behind.result()
+                    steps.keep_ahead(settings, iteration + 1, *ahead)
                 metrics, performance = record.iteration_records(iteration, table, update, stats)
                 metrics |= steps.advance_league(settings, table, iteration)
                 # recorded before the checkpoint: a run resumes at a checkpoint whose line is written
@@ -227,6 +275,38 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
             state.close()
     result.history = record.history(layout)
     return result
+
+
+def first_rollout(settings: Settings, run_steps: Steps, state: TrainingState,
+                  iteration: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
+    """The rollout of a call's first iteration (every iteration's, at ``train.max_staleness`` 0),
+    from the weights as they are. Behind the update, the run's first iteration plays from the
+    starting weights too; a later one, after a resume, was played behind the update before the
+    checkpoint and kept (:func:`mage.run.steps.kept_ahead`), and is trained on as it was."""
+    if settings.train.max_staleness and state.iteration > 0:
+        kept = steps.kept_ahead(settings, iteration, policy_version=state.iteration - 1)
+        if kept is not None:
+            return kept
+        logger.warning(f"iteration {iteration}: its rollout, played behind update {state.iteration}, is not in the run "
+                       f"({RunLayout.of(settings).rollout_shard(iteration, 0).parent}): it plays again from "
+                       f"checkpoint {state.iteration}'s weights, one version newer, so the run does not continue "
+                       "exactly as it would have")
+    return run_steps.rollout(state, iteration)
+
+
+def abandon(behind: Ahead, iteration: int) -> None:
+    """Stop a rollout behind an update that failed, and wait for it (its table is of no use: the
+    run resumes from a checkpoint before that update): it is asked to stop at its next step
+    (:mod:`mage.stopping`), and what ended it is logged, not raised."""
+    asked = stopping.requested()  # a flow's own ask stays for the flow to withdraw
+    stopping.request()
+    try:
+        behind.result()
+    except BaseException as error:  # noqa: BLE001 - the update's error is the one raised
+        logger.info(f"the rollout of iteration {iteration}, behind the failed update, ended with: {error!r}")
+    finally:
+        if not asked:
+            stopping.clear()
 
 
 def evaluated(settings: Settings, checkpoint: ckpt.Checkpoint) -> bool:

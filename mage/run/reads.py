@@ -59,11 +59,12 @@ READS: dict[str, tuple[str, ...]] = {
                "game.name", "model"),
     # the loop itself (mage.run.loop), besides the steps it runs (LOOP_STEPS): how many iterations,
     # when to checkpoint and evaluate, when to warn, how many shards, where it writes, and which
-    # checkpoints it writes behind the next rollout (what would read them first)
+    # checkpoints it writes behind the next rollout (what would read them first), and whether the
+    # next rollout plays behind the update
     "loop": ("train.iterations", "train.checkpoint_every", "train.eval_every", "train.drift_invalid_rise",
              "train.drift_kl", "eval.split", "flow.rollout_shards", "run.name", "paths.runs", "paths.live",
              "population.league", "train.write_behind", "train.workers", "flow.runner", "engine.backend",
-             "engine.vllm.weight_sync", "model.lora"),
+             "engine.vllm.weight_sync", "model.lora", "train.max_staleness"),
 }
 #: The steps the loop runs.
 LOOP_STEPS = ("prepare_model", "start", "rollout", "score", "update", "league", "evaluate")

@@ -19,6 +19,7 @@ the update, the next checkpoint and the end of the run wait for it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import shutil
 from collections.abc import Callable, Iterator
@@ -70,6 +71,10 @@ class TrainingState:
     writer: CheckpointWriter = field(default_factory=CheckpointWriter, repr=False)
     #: the league's snapshots, as this state's rollouts play them (released by :meth:`close`)
     snapshots: LeagueSnapshots = field(init=False, repr=False)
+    #: ``train.max_staleness`` > 0: a copy of the weights that rollouts play on while an update
+    #: changes the trainer's (:meth:`sync_behind`), and the backend sampling from it
+    _behind_model: torch.nn.Module | None = field(default=None, repr=False)
+    _behind: Backend | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.snapshots = LeagueSnapshots(self.settings)
@@ -80,6 +85,25 @@ class TrainingState:
         if self._backend is None:
             self._backend = rollout_backend(self.settings, self.policy, self.checkpoint)
         return self._backend
+
+    def sync_behind(self) -> None:
+        """The copy that rollouts play on behind the update takes the trainer's weights as they
+        are now (made on the first call: the model's size again in memory). Called between
+        rollouts, never while one plays on the copy."""
+        with torch.no_grad():
+            if self._behind_model is None:
+                self._behind_model = copy.deepcopy(self.policy.model).requires_grad_(False).eval()
+            else:
+                self._behind_model.load_state_dict(self.policy.model.state_dict())
+
+    def backend_behind(self) -> Backend:
+        """The rollout backend of the copy :meth:`sync_behind` last set (the hf backend: the
+        settings refuse the others with ``train.max_staleness`` > 0)."""
+        if self._behind_model is None:
+            raise RuntimeError("sync_behind() first: there is no copy of the weights to play on")
+        if self._behind is None:
+            self._behind = rollout_backend(self.settings, replace(self.policy, model=self._behind_model), self.checkpoint)
+        return self._behind
 
     @contextlib.contextmanager
     def engine_asleep(self) -> Iterator[None]:
@@ -165,9 +189,10 @@ class TrainingState:
             self._release()
 
     def _release(self) -> None:
-        if self._backend is not None:
-            self._backend.release()
-        self._backend = None
+        for backend in (self._backend, self._behind):
+            if backend is not None:
+                backend.release()
+        self._backend = self._behind = self._behind_model = None
         self.snapshots.release()
         if self.workers_resume is not None:  # not used by an update: the next start writes it again
             shutil.rmtree(self.workers_resume, ignore_errors=True)

@@ -23,7 +23,8 @@ from mage.evaluation import exploitability as exact_exploitability
 from mage.evaluation.play import write_evaluation
 from mage.models import checkpoint as ckpt
 from mage.population import league
-from mage.rollout import MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, write_trajectories
+from mage.rollout import (MetaEpisodeSpec, RolloutEngine, RolloutStats, plan_meta_episodes, read_trajectories,
+                          write_trajectories)
 from mage.run import record
 from mage.run.layout import RunLayout, evaluation_dir
 from mage.run.reads import identity_hash
@@ -79,11 +80,13 @@ def shard_specs(specs: Sequence[MetaEpisodeSpec], shard: int, shards: int) -> li
 
 
 def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0, progress: bool = True, *,
-            snapshots: LeagueSnapshots) -> tuple[pl.DataFrame, RolloutStats]:
+            snapshots: LeagueSnapshots, policy_version: int | None = None) -> tuple[pl.DataFrame, RolloutStats]:
     """Play shard ``shard`` of this iteration's meta-episodes (of ``flow.rollout_shards``)
     against the training population with ``backend``; the league's snapshots play from
     ``snapshots``, the player's (its :class:`~mage.run.state.TrainingState` or
-    :class:`~mage.run.worker.RolloutWorker`), which keeps them loaded between iterations."""
+    :class:`~mage.run.worker.RolloutWorker`), which keeps them loaded between iterations.
+    ``policy_version``: the updates ``backend``'s weights have seen (default ``iteration`` - 1,
+    the weights of a loop that alternates; a rollout behind the update passes its own)."""
     shards = settings.flow.rollout_shards
     state = league_state(settings, iteration) if settings.population.league.enabled else None  # read once
     specs = shard_specs(plan(settings, iteration, state), shard, shards)
@@ -92,8 +95,42 @@ def rollout(settings: Settings, backend: Backend, iteration: int, shard: int = 0
                                                         state.members if state is not None else ()))
     # One sampling seed per (iteration, shard): a re-run draws the same replies.
     sampling = replace(settings.engine.sampling, seed=derive_seed(settings.seed, iteration, shard))
-    table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress)
+    version = iteration - 1 if policy_version is None else policy_version
+    table = engine.run(specs, sampling, run_id=settings.run_name, iteration=iteration, progress=progress,
+                       policy_version=version)
     return table, engine.last_stats
+
+
+def keep_ahead(settings: Settings, iteration: int, tables: Sequence[pl.DataFrame], stats: Sequence[RolloutStats]) -> None:
+    """Write the shards of ``iteration``'s rollout, played behind the update before it
+    (``train.max_staleness``), where a resumed run finds them (:func:`kept_ahead`): the weights
+    they were sampled from are not the checkpoint's, so the run could not play them again."""
+    layout = RunLayout.of(settings)
+    for shard, (table, played) in enumerate(zip(tables, stats, strict=True)):
+        path = layout.rollout_shard(iteration, shard)
+        write_trajectories(table, path)
+        io.write_json(path.with_suffix(".stats.json"), dict(played.__dict__))
+
+
+def kept_ahead(settings: Settings, iteration: int,
+               policy_version: int) -> tuple[list[pl.DataFrame], list[RolloutStats]] | None:
+    """The shards :func:`keep_ahead` wrote for ``iteration``, if all of them are there, whole,
+    and sampled from ``policy_version``; else None."""
+    layout = RunLayout.of(settings)
+    tables, stats = [], []
+    for shard in range(settings.flow.rollout_shards):
+        path = layout.rollout_shard(iteration, shard)
+        try:
+            table = read_trajectories(path)
+            played = RolloutStats(**io.read_json(path.with_suffix(".stats.json")))
+        except (OSError, ValueError, TypeError, pl.exceptions.PolarsError):  # missing, cut short, or another schema
+            return None
+        if table.is_empty() or set(table["policy_version"].unique().to_list()) != {policy_version} \
+                or set(table["iteration"].unique().to_list()) != {iteration}:
+            return None
+        tables.append(table)
+        stats.append(played)
+    return tables, stats
 
 
 def advance_league(settings: Settings, table: pl.DataFrame, iteration: int) -> dict[str, float]:
@@ -143,8 +180,10 @@ def update(state: TrainingState, table: pl.DataFrame, iteration: int) -> dict[st
     settings = state.settings
     state.wait_for_checkpoint()  # a checkpoint written behind reads the weights this changes
     with state.engine_asleep():
+        # the weights as update k starts have seen k - 1 updates: rows sampled from fewer are stale
         metrics = state.trainer.update(table, seed=derive_seed(settings.seed, iteration, 1),
-                                       learning_rate=settings.train.learning_rate_at(iteration))
+                                       learning_rate=settings.train.learning_rate_at(iteration),
+                                       policy_version=iteration - 1)
     state.iteration = iteration
     metrics.update(state.synced(table))
     metrics.update(exploitability(state))

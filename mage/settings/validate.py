@@ -219,6 +219,7 @@ def check_across(settings: Settings) -> None:
         raise SettingsError("engine.sampling.temperature: must be > 0: the training rollouts' replies are "
                             "scored under the distribution they were sampled from, and greedy decoding has none "
                             "(eval.sampling may be greedy)")
+    check_staleness(settings)
     if train.checkpoint_every != 1 and (engine.backend == "vllm" or flow.remote_rollouts):
         # Rollouts outside the trainer's process sample from the policy's checkpoint: with fewer
         # checkpoints they would sample from an older policy than the one PPO treats as on-policy.
@@ -235,6 +236,38 @@ def check_across(settings: Settings) -> None:
     check_league(settings)
     for game in settings.eval.games:  # each composed and validated whole, before any work
         held_out_settings(settings, game)
+
+
+def check_staleness(settings: Settings) -> None:
+    """``train.max_staleness`` > 0: what the overlapped loop needs (mage.run.loop)."""
+    train, engine, flow = settings.train, settings.engine, settings.flow
+    if not train.max_staleness:
+        return
+    stale = f"train.max_staleness={train.max_staleness}"
+    if engine.sampling.temperature != 1.0:
+        raise SettingsError(f"engine.sampling.temperature: must be 1.0 with {stale}, got "
+                            f"{engine.sampling.temperature}: the rollouts record their tokens' log-probs at "
+                            "temperature 1, and the update weighs a stale call by them; set "
+                            "engine.sampling.temperature=1.0, or train.max_staleness=0")
+    if settings.population.league.enabled:
+        raise SettingsError(f"population.league.enabled: the league is not yet played with {stale} (a rollout "
+                            "would be dealt from a league its iteration has not reached); set "
+                            "population.league.enabled=false, or train.max_staleness=0")
+    lora = settings.model.lora
+    if lora is not None and lora.dropout > 0:
+        raise SettingsError(f"model.lora.dropout: must be 0 with {stale}, got {lora.dropout}: the rollout behind the "
+                            "update samples from torch's random generator, which the adapters' dropout draws from "
+                            "at the same time, so the run would not repeat; set model.lora.dropout=0, or "
+                            "train.max_staleness=0")
+    unbuilt = {"engine.backend": (engine.backend, "hf"), "flow.runner": (flow.runner, "thread"),
+               "train.workers": (train.workers, 1)}
+    found = {key: value for key, (value, built) in unbuilt.items() if value != built}
+    if found:
+        have = ", ".join(f"{key}={value}" for key, value in found.items())
+        fit = " ".join(f"{key}={unbuilt[key][1]}" for key in found)
+        raise SettingsError(f"train.max_staleness: {train.max_staleness} overlaps the rollout and the update in one "
+                            f"process, with the hf backend; {have} {'are' if len(found) > 1 else 'is'} not built for it yet: set {fit}, or "
+                            "train.max_staleness=0")
 
 
 #: The config groups a game held out at evaluation takes from its own files (``eval.games``).

@@ -77,6 +77,12 @@ class Collective:
             return value
         return int(self._all_reduce(torch.tensor([value], dtype=torch.int64), "MAX")[0])
 
+    def largest(self, value: float) -> float:
+        """The largest float ``value`` of any rank."""
+        if self.world == 1:
+            return value
+        return float(self._all_reduce(torch.tensor([value], dtype=torch.float64), "MAX")[0])
+
     def total(self, values: dict[str, float]) -> dict[str, float]:
         """Each value summed over the ranks (float64, in the keys' sorted order)."""
         if self.world == 1:

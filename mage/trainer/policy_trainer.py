@@ -40,7 +40,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from mage.algo.losses import entropy_from_logits, ppo_loss, token_logprobs
+from mage.algo.losses import POLICY_LOSSES, BehaviourWeights, entropy_from_logits, token_logprobs
 from mage.config.sections import AlgoSection, TrainSection
 from mage.models.policy import Policy
 from mage.trainer.batching import MicroBatch, causal_lm_forward, micro_batches, output_layer
@@ -85,6 +85,39 @@ class ResponseScorer(torch.nn.Module):
             logprobs, entropies = token_logprobs(logits, targets), entropy_from_logits(logits) if entropy else None
         # [B, K] each: copies, not views, so FSDP2's hook before the backward pass stays on them
         return logprobs.clone(), entropies.clone() if entropies is not None else None
+
+
+def stale_rows(table: pl.DataFrame, policy_version: int | None,
+               lengths: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """Which rows of ``table`` were sampled from weights older than ``policy_version`` ([rows]
+    bool), and every row's behaviour log-probs for the loss (a stale row's recorded
+    ``response_logprobs``, zeros for a fresh one), or None when no row is stale. A stale row
+    without a log-prob for each of its reply tokens is an error: it cannot be weighed."""
+    stale = torch.zeros(len(lengths), dtype=torch.bool)
+    if policy_version is None or "policy_version" not in table.columns:
+        return stale, None
+    stale = torch.from_numpy((table["policy_version"] < policy_version).to_numpy().copy())
+    if not bool(stale.any()):
+        return stale, None
+    recorded = table["response_logprobs"].to_list() if "response_logprobs" in table.columns else [None] * len(lengths)
+    behaviour = []
+    for row, (is_stale, logprobs, length) in enumerate(zip(stale.tolist(), recorded, lengths, strict=True)):
+        if not is_stale:
+            behaviour.append(torch.zeros(length))
+        elif logprobs is None or len(logprobs) != length:
+            raise ValueError(f"row {row} was sampled from an older policy (policy_version < {policy_version}) but "
+                             f"records {0 if logprobs is None else len(logprobs)} log-probs for its {length} reply "
+                             "tokens: the update cannot weigh it by the behaviour policy")
+        else:
+            behaviour.append(torch.tensor(logprobs, dtype=torch.float32))
+    return stale, behaviour
+
+
+def added(left: BehaviourWeights, right: BehaviourWeights) -> BehaviourWeights:
+    """Two micro-batches' behaviour-weight sums as one."""
+    return BehaviourWeights(total=left.total + right.total, squares=left.squares + right.squares,
+                            largest=max(left.largest, right.largest), truncated=left.truncated + right.truncated,
+                            stale=left.stale + right.stale, tokens=left.tokens + right.tokens)
 
 
 class PolicyTrainer:
@@ -236,12 +269,31 @@ class PolicyTrainer:
                 out[i] = scored[i].tolist()
         return out
 
+    def _weight_metrics(self, weights: BehaviourWeights) -> dict[str, float]:
+        """The behaviour weights of an update over every rank's reply tokens (each epoch's): their
+        mean, standard deviation and largest before the cap, the share the cap cut, and the
+        share of tokens from stale calls."""
+        summed = self.collective.total({"total": weights.total, "squares": weights.squares, "truncated": weights.truncated,
+                                        "stale": weights.stale, "tokens": weights.tokens})
+        tokens = max(summed["tokens"], 1.0)
+        mean = summed["total"] / tokens
+        largest = self.collective.largest(weights.largest)
+        return {"behaviour_weight_mean": mean,
+                "behaviour_weight_std": max(summed["squares"] / tokens - mean * mean, 0.0) ** 0.5,
+                "behaviour_weight_max": largest,
+                "behaviour_weight_truncated_share": summed["truncated"] / tokens,
+                "stale_token_share": summed["stale"] / tokens}
+
     # -- the update ----------------------------------------------------------------------
-    def update(self, table: pl.DataFrame, seed: int = 0, learning_rate: float | None = None) -> dict[str, float]:
+    def update(self, table: pl.DataFrame, seed: int = 0, learning_rate: float | None = None,
+               policy_version: int | None = None) -> dict[str, float]:
         """One PPO update on ``table`` (it must have an ``advantage`` column).
 
         ``learning_rate`` (default: ``train.learning_rate``) is the rate of every optimizer
-        step of this update: the caller's schedule decides it per iteration.
+        step of this update: the caller's schedule decides it per iteration. ``policy_version``
+        is the version of the weights the update starts from: a row sampled from an older one
+        (its ``policy_version`` column) is stale, and ``algo.policy_loss`` weighs it by its
+        recorded ``response_logprobs`` (None: every row is fresh).
         """
         if "advantage" not in table.columns:
             raise ValueError("the table has no 'advantage' column: run add_returns and add_advantages first")
@@ -258,6 +310,9 @@ class PolicyTrainer:
         scored = self._score(prompts, responses, list(range(len(prompts))), lengths,
                              references=(False, True) if self.algo.kl_coef else (False,))
         old, ref = scored[0], (scored[1] if self.algo.kl_coef else None)
+        stale, behaviour = stale_rows(table, policy_version, lengths)
+        loss_of = POLICY_LOSSES[self.algo.policy_loss]
+        weights = BehaviourWeights()
         world = self.collective.world
 
         cfg = self.train_cfg
@@ -290,7 +345,7 @@ class PolicyTrainer:
                     for index, batch in enumerate(batches):
                         counted = index < real  # a filler pass adds nothing: its loss is multiplied by 0
                         logprobs, entropy = self.forward(batch, entropy=bool(self.algo.entropy_coef))
-                        parts = ppo_loss(
+                        parts = loss_of(
                             logprobs,
                             self._aligned(old, batch),
                             self._aligned(ref, batch) if ref is not None else None,
@@ -299,6 +354,8 @@ class PolicyTrainer:
                             self.algo,
                             mini_tokens,
                             entropy,
+                            behaviour_logprobs=self._aligned(behaviour, batch) if behaviour is not None else None,
+                            stale=stale[batch.rows].to(self.device),
                         )
                         # FSDP2 and DDP average the ranks' gradients: times the ranks, they add up
                         (parts.loss * (world if counted else 0.0)).backward()
@@ -311,6 +368,8 @@ class PolicyTrainer:
                             weighted[key] += share * value
                         padded_tokens += batch.padded_tokens
                         trained_tokens += batch.real_tokens
+                        if parts.weights is not None:
+                            weights = added(weights, parts.weights)
                     grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.parameters, cfg.grad_clip))
                     self.optimizer.step()
                     steps += 1
@@ -322,12 +381,16 @@ class PolicyTrainer:
         counted = self.collective.total({"trained": trained_tokens, "padded": padded_tokens})
         trained_tokens, padded_tokens = int(counted["trained"]), int(counted["padded"])
         metrics = {key: value / max(steps, 1) for key, value in totals.items()}
+        if self.train_cfg.max_staleness:
+            metrics.update(self._weight_metrics(weights))
         # Off-policy drift: the rollout's log-probs against the trainer's for the same tokens.
         # Near 0 when the generating engine serves the policy being trained (numerical noise).
         # Backends record the model's own log-probs (temperature 1), so only then do they compare.
         comparable = "response_logprobs" in table.columns and self.temperature == 1.0
         recorded = table["response_logprobs"].to_list() if comparable else []
-        gaps = [abs(a - b) for row, mine in zip(recorded, old) if row and mine is not None and len(row) == len(mine)
+        # (fresh rows only: a stale row's gap is the update between, which the behaviour weights show)
+        gaps = [abs(a - b) for row, mine, is_stale in zip(recorded, old, stale.tolist())
+                if row and mine is not None and len(row) == len(mine) and not is_stale
                 for a, b in zip(row, mine.tolist())]
         if gaps:
             metrics.update(rollout_logprob_gap_mean=float(np.mean(gaps)), rollout_logprob_gap_max=float(np.max(gaps)))

@@ -161,7 +161,7 @@ def run_update(job: UpdateJob) -> dict[str, float]:
     if job.resume is not None:
         load_state(trainer, job.resume)
     table = pl.read_parquet(job.table)  # the scored table score_rollout wrote (and validated)
-    metrics = trainer.update(table, seed=job.seed, learning_rate=job.learning_rate)
+    metrics = trainer.update(table, seed=job.seed, learning_rate=job.learning_rate, policy_version=job.iteration - 1)
     save_state(trainer, job.out)
     return metrics
 
