@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 from prefect import get_run_logger, task
 from prefect.task_runners import TaskRunner
+from prefect.utilities.annotations import quote
 
 from mage.config.sections import splits_of
 from mage.models import checkpoint as ckpt
@@ -107,7 +108,10 @@ class FlowSteps(Steps):
         shards = range(self.settings.flow.rollout_shards)
         if not self.settings.flow.remote_rollouts:
             task = self._configured(rollout_here)
-            futures = [self.runner.submit(task, {"state": state, "iteration": iteration, "shard": s}) for s in shards]
+            # quoted: Prefect would look through the state for futures while a shard already
+            # playing changes its backend's caches (a dict changed during the look fails it)
+            futures = [self.runner.submit(task, {"state": quote(state), "iteration": iteration, "shard": s})
+                       for s in shards]
             played = [future.result() for future in futures]
             return [table for table, _ in played], [stats for _, stats in played]
         # other processes sample from the newest checkpoint, which with them is written every iteration
@@ -120,12 +124,22 @@ class FlowSteps(Steps):
     def rollout_behind(self, state: TrainingState, iteration: int) -> Ahead:
         state.sync_behind()  # before any shard starts: they all play on the weights as they are now
         task = self._configured(rollout_behind_here)
-        futures = [self.runner.submit(task, {"state": state, "iteration": iteration, "shard": s,
+        futures = [self.runner.submit(task, {"state": quote(state), "iteration": iteration, "shard": s,
                                              "policy_version": state.iteration})
                    for s in range(self.settings.flow.rollout_shards)]
 
         def wait() -> tuple[list[pl.DataFrame], list[RolloutStats]]:
-            played = [future.result() for future in futures]
+            # every shard ended before anything is raised: none is left playing on the copy
+            outcomes = []
+            for future in futures:
+                try:
+                    outcomes.append((future.result(), None))
+                except BaseException as error:  # noqa: BLE001 - raised below, once every shard has ended
+                    outcomes.append((None, error))
+            failed = [error for _, error in outcomes if error is not None]
+            if failed:
+                raise failed[0]
+            played = [result for result, _ in outcomes]
             return [table for table, _ in played], [stats for _, stats in played]
 
         return Ahead(wait)

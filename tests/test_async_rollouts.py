@@ -64,30 +64,50 @@ def test_the_decoupled_loss_weighs_stale_rows_as_worked_out_by_hand(stale_rows):
     truncated = sum(1 for (r, _), w in zip([(r, t) for r in range(2) for t in range(3) if MASK[r, t]], raw)
                     if r in stale_rows and w > 2.0)
     w = parts.weights
-    assert w.tokens == 5 and w.stale == sum(3 if r == 0 else 2 for r in stale_rows)
+    positions = [(r, t) for r in range(2) for t in range(3) if MASK[r, t]]
+    stale_weights = [x for (r, _), x in zip(positions, weights) if r in stale_rows]
+    stale_raw = [x for (r, _), x in zip(positions, raw) if r in stale_rows]
+    assert w.tokens == 5 and w.stale == len(stale_weights) == sum(3 if r == 0 else 2 for r in stale_rows)
     assert w.truncated == truncated and truncated >= 1
-    assert w.total == pytest.approx(sum(weights), rel=1e-6)
-    assert w.squares == pytest.approx(sum(x * x for x in weights), rel=1e-6)
-    assert w.largest == pytest.approx(max([x for (r, _), x in zip([(r, t) for r in range(2) for t in range(3)
-                                                                   if MASK[r, t]], raw) if r in stale_rows] + [1.0]),
-                                      rel=1e-6)
+    assert w.total == pytest.approx(sum(stale_weights), rel=1e-6)
+    assert w.squares == pytest.approx(sum(x * x for x in stale_weights), rel=1e-6)
+    assert w.largest == pytest.approx(max(stale_raw), rel=1e-6)
 
 
-def test_without_stale_rows_the_decoupled_loss_is_ppo_bit_for_bit():
-    cfg = algo_config()
+def gradient(loss, stale, **cfg_changes) -> tuple[torch.Tensor, torch.Tensor]:
+    logprobs = LOGPROBS.detach().clone().requires_grad_(True)
     ref = OLD - 0.3
     entropy = torch.tensor([[0.7, 0.2, 0.4], [1.1, 0.3, 0.0]])
-    losses, grads = [], []
-    for loss, extra in ((ppo_loss, {}), (decoupled_ppo_loss, {"behaviour_logprobs": BEHAVIOUR,
-                                                               "stale": torch.tensor([False, False])})):
-        logprobs = LOGPROBS.detach().clone().requires_grad_(True)
-        parts = loss(logprobs, OLD, ref, ADVANTAGES, MASK, cfg, 5, entropy, **extra)
-        parts.loss.backward()
-        losses.append(parts.loss.detach())
-        grads.append(logprobs.grad)
-    assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+    parts = loss(logprobs, OLD, ref, ADVANTAGES, MASK, algo_config(**cfg_changes), 5, entropy,
+                 behaviour_logprobs=BEHAVIOUR, stale=torch.tensor(stale))
+    parts.loss.backward()
+    return parts.loss.detach(), logprobs.grad
+
+
+def test_a_fresh_row_is_trained_as_ppo_trains_it_bit_for_bit_and_a_stale_one_is_weighted():
+    # no stale row: the same loss and gradient, bit for bit (the KL and entropy terms included)
+    assert all(torch.equal(a, b) for a, b in zip(gradient(ppo_loss, [False, False]),
+                                                  gradient(decoupled_ppo_loss, [False, False])))
+    # row 0 stale, row 1 fresh: row 1's gradient is ppo's bit for bit, row 0's policy gradient
+    # is ppo's times its weights (no KL or entropy term here to keep apart)
+    plain = {"kl_coef": 0.0, "entropy_coef": 0.0}
+    _, ppo = gradient(ppo_loss, [True, False], **plain)
+    _, decoupled = gradient(decoupled_ppo_loss, [True, False], **plain)
+    assert torch.equal(decoupled[1], ppo[1])
+    weights = torch.exp(OLD[0] - BEHAVIOUR[0]).clamp(max=2.0)
+    assert decoupled[0].tolist() == pytest.approx((weights * ppo[0]).tolist(), rel=1e-6)
+    assert not torch.equal(decoupled[0], ppo[0])
     # and the weights of fresh rows are exactly 1, whatever the behaviour log-probs say
     assert torch.equal(behaviour_weights(OLD, BEHAVIOUR, torch.tensor([False, False]), MASK), torch.ones_like(OLD))
+
+
+def test_a_table_from_before_policy_version_reads_with_the_column_null(tmp_path):
+    from mage.rollout.schema import BASE_SCHEMA, read_trajectories
+
+    older = pl.DataFrame(schema={k: v for k, v in BASE_SCHEMA.items() if k != "policy_version"})
+    older.write_parquet(tmp_path / "old.parquet")
+    table = read_trajectories(tmp_path / "old.parquet")
+    assert table.columns == list(BASE_SCHEMA) and table.schema["policy_version"] == pl.Int64
 
 
 def test_a_stale_row_without_its_log_probs_is_refused():
@@ -118,7 +138,6 @@ def test_max_staleness_is_0_or_1_and_anything_else_is_refused_by_its_key(stalene
     ("population.league.enabled=true", "population.league.enabled"),
     ("engine.backend=vllm", "train.max_staleness"),
     ("flow.runner=process", "train.max_staleness"),
-    ("model=qwen2_5_0_5b model.lora.dropout=0.1", "model.lora.dropout"),
 ])
 def test_what_the_overlapped_loop_does_not_take_is_refused_before_any_work(override, key):
     with pytest.raises(SettingsError, match=key):
@@ -144,29 +163,42 @@ def test_behind_the_update_each_rollout_samples_from_the_weights_before_it_and_a
     from mage.rollout import read_trajectories
     from mage.run import RunLayout, train
 
-    whole = small(tiny_model_dir, tmp_path / "whole", "train.max_staleness=1")
-    assert train(whole, progress=False).iterations == [1, 2, 3]
+    extra = ("train.max_staleness=1", "train.iterations=4", "train.checkpoint_every=2")
+    whole = small(tiny_model_dir, tmp_path / "whole", *extra)
+    assert train(whole, progress=False).iterations == [1, 2, 3, 4]
     layout = RunLayout.of(whole)
-    versions = {k: set(read_trajectories(layout.rollout(k))["policy_version"].to_list()) for k in (1, 2, 3)}
-    assert versions == {1: {0}, 2: {0}, 3: {1}}  # iteration k+1 played during update k, from the weights before it
+    versions = {k: set(read_trajectories(layout.rollout(k))["policy_version"].to_list()) for k in (1, 2, 3, 4)}
+    assert versions == {1: {0}, 2: {0}, 3: {1}, 4: {2}}  # iteration k+1 played during update k, from the weights before it
     metrics = [json.loads(line) for line in layout.metrics.read_text().splitlines()]
-    assert metrics[0]["train/stale_token_share"] == 0 and metrics[0]["train/behaviour_weight_std"] == 0
-    assert metrics[0]["train/behaviour_weight_mean"] == 1 and metrics[0]["train/behaviour_weight_max"] == 1
-    for later in metrics[1:]:  # every row of iterations 2 and 3 is one update behind
-        assert later["train/stale_token_share"] == 1
-        assert 0 <= later["train/behaviour_weight_truncated_share"] <= 1 and later["train/behaviour_weight_std"] > 0
+    first = metrics[0]
+    assert (first["train/stale_token_share"], first["train/behaviour_weight_mean"], first["train/behaviour_weight_std"],
+            first["train/behaviour_weight_max"], first["train/behaviour_weight_truncated_share"]) == (0, 1, 0, 1, 0)
+    for later in metrics[1:]:  # every row of iterations 2 to 4 is one update behind
+        assert later["train/stale_token_share"] == 1 and later["train/behaviour_weight_std"] > 0
+        assert later["train/behaviour_weight_max"] >= later["train/behaviour_weight_mean"] > 0
+        assert 0 <= later["train/behaviour_weight_truncated_share"] <= 1
+        assert "train/rollout_logprob_gap_max" not in later  # fresh rows only, and there are none
+    # what was kept for a resume: iterations 3 and 4 (checkpoint 4 dropped those up to checkpoint 2)
+    kept = sorted(p.name for p in (layout.rollouts / "shards").iterdir())
+    assert kept == ["iteration-00003-shard-000.parquet", "iteration-00003-shard-000.stats.json",
+                    "iteration-00004-shard-000.parquet", "iteration-00004-shard-000.stats.json"]
+    from mage.run import steps
 
-    parts = small(tiny_model_dir, tmp_path / "parts", "train.max_staleness=1")
-    assert train(parts, progress=False, stop_after=2).iterations == [1, 2]
-    assert train(parts, progress=False).iterations == [3]  # trains on iteration 3's table kept behind update 2
+    assert steps.kept_ahead(whole, 4, policy_version=3) is None  # not what it was sampled from
+    assert steps.kept_ahead(whole, 3, policy_version=1) is not None
+
+    parts = small(tiny_model_dir, tmp_path / "parts", *extra)
+    assert train(parts, progress=False, stop_after=3).iterations == [1, 2, 3]
+    assert [c.iteration for c in ckpt.list_checkpoints(RunLayout.of(parts).checkpoints)] == [2]
+    # resumed from checkpoint 2: iteration 3 again, on the table kept behind update 2, then 4
+    assert train(parts, progress=False).iterations == [3, 4]
     resumed = RunLayout.of(parts)
-    for k in (1, 2, 3):
+    for k in (1, 2, 3, 4):
         assert read_trajectories(resumed.rollout(k)).equals(read_trajectories(layout.rollout(k)))
     assert resumed.metrics.read_bytes() == layout.metrics.read_bytes()
-    name = "ckpt-00003"
-    assert (resumed.checkpoints / name / "model.safetensors").read_bytes() == \
-        (layout.checkpoints / name / "model.safetensors").read_bytes()
-    assert ckpt.latest_checkpoint(resumed.checkpoints).iteration == 3
+    for name in ("ckpt-00002", "ckpt-00004"):
+        assert (resumed.checkpoints / name / "model.safetensors").read_bytes() == \
+            (layout.checkpoints / name / "model.safetensors").read_bytes()
 
 
 @pytest.mark.e2e

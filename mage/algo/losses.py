@@ -63,15 +63,16 @@ def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.T
 
 @dataclass
 class BehaviourWeights:
-    """Sums over one micro-batch's reply tokens of the behaviour weights w_t (what the update's
-    metrics are made of: their mean, spread and largest, and the truncated share)."""
+    """Sums over one micro-batch's stale reply tokens of the behaviour weights w_t (what the
+    update's metrics are made of: their mean, spread and largest, and the truncated share), and
+    its reply tokens (of which the stale share)."""
 
-    total: float = 0.0  # sum of w_t
-    squares: float = 0.0  # sum of w_t ** 2
-    largest: float = 0.0  # max w_t before the cap (1.0 when nothing is stale)
-    truncated: int = 0  # tokens whose weight was cut to the cap
+    total: float = 0.0  # sum of w_t over stale tokens
+    squares: float = 0.0  # sum of w_t ** 2 over stale tokens
+    largest: float = 0.0  # max w_t before the cap over stale tokens (0.0: none)
+    truncated: int = 0  # stale tokens whose weight the cap cut
     stale: int = 0  # tokens of stale calls
-    tokens: int = 0
+    tokens: int = 0  # every reply token
 
 
 @dataclass
@@ -133,10 +134,9 @@ def ppo_loss(
     weight 1."""
     parts = _clipped_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg, total_tokens, entropy)
     keep = mask.bool()
-    tokens = int(keep.sum())
     stale_tokens = int((keep & stale.bool().unsqueeze(-1)).sum()) if stale is not None else 0
-    parts.weights = BehaviourWeights(total=float(tokens), squares=float(tokens), largest=1.0, stale=stale_tokens,
-                                     tokens=tokens)
+    parts.weights = BehaviourWeights(total=float(stale_tokens), squares=float(stale_tokens),
+                                     largest=1.0 if stale_tokens else 0.0, stale=stale_tokens, tokens=int(keep.sum()))
     return parts
 
 
@@ -164,12 +164,12 @@ def decoupled_ppo_loss(
     weight = raw.clamp(max=cfg.behaviour_weight_cap)
     parts = _clipped_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, cfg, total_tokens, entropy, weight)
     keep = mask.bool()
-    tokens = int(keep.sum())
-    kept = weight[keep]
+    on_stale = keep & stale.bool().unsqueeze(-1)
+    kept, before = weight[on_stale], raw[on_stale]
     parts.weights = BehaviourWeights(total=float(kept.sum()), squares=float((kept * kept).sum()),
-                                     largest=float(raw[keep].max()) if tokens else 1.0,
-                                     truncated=int((raw[keep] > cfg.behaviour_weight_cap).sum()),
-                                     stale=int((keep & stale.bool().unsqueeze(-1)).sum()), tokens=tokens)
+                                     largest=float(before.max()) if before.numel() else 0.0,
+                                     truncated=int((before > cfg.behaviour_weight_cap).sum()),
+                                     stale=int(on_stale.sum()), tokens=int(keep.sum()))
     return parts
 
 

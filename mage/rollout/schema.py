@@ -24,8 +24,9 @@ from mage import io
 BASE_COLUMNS: dict[str, tuple[pl.DataType, str]] = {
     "run_id": (pl.String, "run the rows belong to"),
     "iteration": (pl.Int64, "training iteration (or evaluation round) that produced the rows"),
-    "policy_version": (pl.Int64, "updates the sampling weights had seen: iteration - 1 - train.max_staleness in "
-                                 "training (at least 0), the checkpoint's iteration in an evaluation"),
+    "policy_version": (pl.Int64, "updates the sampling weights had seen: in training iteration - 1, or one "
+                                 "fewer for a rollout played behind the update (train.max_staleness); in an "
+                                 "evaluation the checkpoint's iteration; null in a table written before the column"),
     "group_id": (pl.Int64, "meta-episodes of a group share initial-state seed and opponent"),
     "meta_id": (pl.Int64, "meta-episode, unique within (run_id, iteration)"),
     "game": (pl.String, "game name (OpenSpiel's, or sokoban)"),
@@ -112,8 +113,14 @@ def write_trajectories(table: pl.DataFrame, path: str | Path) -> Path:
 
 
 def read_trajectories(path: str | Path, required: Iterable[str] = BASE_COLUMNS) -> pl.DataFrame:
-    """Read a parquet table and check it against the schema."""
-    return validate(pl.read_parquet(path), required)
+    """Read a parquet table and check it against the schema. A table written before its rows
+    recorded ``policy_version`` gets the column, null (unknown), where the schema places it."""
+    table = pl.read_parquet(path)
+    if "policy_version" not in table.columns and "iteration" in table.columns:
+        at = table.columns.index("iteration") + 1
+        table = table.with_columns(pl.lit(None, dtype=pl.Int64).alias("policy_version")).select(
+            [*table.columns[:at], "policy_version", *table.columns[at:]])
+    return validate(table, required)
 
 
 def describe() -> str:

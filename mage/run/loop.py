@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,11 +95,7 @@ class Steps:
                                     policy_version=version) for shard in range(self.settings.flow.rollout_shards)]
             return [table for table, _ in played], [stats for _, stats in played]
 
-        pool = ThreadPoolExecutor(1, thread_name_prefix=f"rollout-{iteration}-behind")
-        try:
-            return Ahead(pool.submit(play).result)
-        finally:
-            pool.shutdown(wait=False)  # the thread ends with its rollout
+        return in_thread(play, f"rollout-{iteration}-behind")
 
     def score(self, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
         return steps.score(self.settings, tables, iteration)
@@ -130,9 +126,32 @@ class Steps:
 @dataclass(frozen=True)
 class Ahead:
     """A rollout playing behind the update (:meth:`Steps.rollout_behind`): ``result()`` waits
-    for it and gives its shards' tables and stats, or raises what stopped it."""
+    until every shard has ended and gives their tables and stats, or raises what stopped one."""
 
     result: Callable[[], tuple[list[pl.DataFrame], list[RolloutStats]]]
+
+
+def in_thread(play: Callable[[], Any], name: str) -> Ahead:
+    """``play()`` on a thread of its own, started now; a daemon, so that a process that exits
+    does not wait for a rollout that nothing will train on."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = play()
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits
+            outcome["error"] = error
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+
+    def result() -> Any:
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    return Ahead(result)
 
 
 @dataclass
@@ -237,20 +256,25 @@ def train(settings: Settings, run_steps: Steps | None = None, *, progress: bool 
                     behind = run_steps.rollout_behind(state, iteration + 1)
                 try:
                     update = run_steps.update(state, table, iteration)
+                    if behind is not None:  # before checkpoint k: a resume from it trains on this table
+                        ahead = behind.result()
+                        steps.keep_ahead(settings, iteration + 1, *ahead)
                 except BaseException:
-                    if behind is not None:  # no thread is left playing; a resume plays it again
+                    if behind is not None and ahead is None:  # no thread is left playing; a resume plays it again
                         abandon(behind, iteration + 1)
                     raise
-                if behind is not None:  # before checkpoint k: a resume from it trains on this table
-                    ahead = behind.result()
-                    steps.keep_ahead(settings, iteration + 1, *ahead)
                 metrics, performance = record.iteration_records(iteration, table, update, stats)
                 metrics |= steps.advance_league(settings, table, iteration)
                 # recorded before the checkpoint: a run resumes at a checkpoint whose line is written
                 recorded = record.append_record(layout.metrics, metrics)
                 record.append_record(layout.performance, performance)
                 if checkpoint_due(settings, iteration):
+                    before = result.checkpoint
                     result.checkpoint = run_steps.save(state, metrics, writes_behind(settings, iteration))
+                    if settings.train.max_staleness and before is not None:
+                        # a resume starts at the checkpoint before at the earliest (this one may
+                        # still be being written): the rollouts kept for iterations up to it are done with
+                        steps.drop_ahead(settings, before.iteration)
                 warning = record.drift_warning(settings.train, metrics, recorded[0])
                 result.iterations.append(iteration)
                 result.history = record.history(layout)

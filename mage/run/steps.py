@@ -112,6 +112,18 @@ def keep_ahead(settings: Settings, iteration: int, tables: Sequence[pl.DataFrame
         io.write_json(path.with_suffix(".stats.json"), dict(played.__dict__))
 
 
+def drop_ahead(settings: Settings, up_to: int) -> None:
+    """Delete what :func:`keep_ahead` kept for iterations up to ``up_to``: no resume reads them."""
+    shards = RunLayout.of(settings).rollout_shard(1, 0).parent
+    for path in shards.glob("iteration-*-shard-*"):
+        try:
+            iteration = int(path.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if iteration <= up_to:
+            path.unlink(missing_ok=True)
+
+
 def kept_ahead(settings: Settings, iteration: int,
                policy_version: int) -> tuple[list[pl.DataFrame], list[RolloutStats]] | None:
     """The shards :func:`keep_ahead` wrote for ``iteration``, if all of them are there, whole,

@@ -253,12 +253,6 @@ def check_staleness(settings: Settings) -> None:
         raise SettingsError(f"population.league.enabled: the league is not yet played with {stale} (a rollout "
                             "would be dealt from a league its iteration has not reached); set "
                             "population.league.enabled=false, or train.max_staleness=0")
-    lora = settings.model.lora
-    if lora is not None and lora.dropout > 0:
-        raise SettingsError(f"model.lora.dropout: must be 0 with {stale}, got {lora.dropout}: the rollout behind the "
-                            "update samples from torch's random generator, which the adapters' dropout draws from "
-                            "at the same time, so the run would not repeat; set model.lora.dropout=0, or "
-                            "train.max_staleness=0")
     unbuilt = {"engine.backend": (engine.backend, "hf"), "flow.runner": (flow.runner, "thread"),
                "train.workers": (train.workers, 1)}
     found = {key: value for key, (value, built) in unbuilt.items() if value != built}

@@ -96,7 +96,8 @@ def stale_rows(table: pl.DataFrame, policy_version: int | None,
     stale = torch.zeros(len(lengths), dtype=torch.bool)
     if policy_version is None or "policy_version" not in table.columns:
         return stale, None
-    stale = torch.from_numpy((table["policy_version"] < policy_version).to_numpy().copy())
+    # a row of unknown version (a table from before the column) is taken as fresh
+    stale = torch.from_numpy((table["policy_version"].fill_null(policy_version) < policy_version).to_numpy().copy())
     if not bool(stale.any()):
         return stale, None
     recorded = table["response_logprobs"].to_list() if "response_logprobs" in table.columns else [None] * len(lengths)
@@ -162,8 +163,12 @@ class PolicyTrainer:
         self.model.eval()
         self.checkpointed_layers: list[torch.nn.Module] = []
         if train.gradient_checkpointing:
-            # non-reentrant checkpointing: LoRA inputs need no requires_grad hook
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # non-reentrant checkpointing: LoRA inputs need no requires_grad hook. Torch's random
+            # state is not saved and put back around each recompute: the model runs in eval mode
+            # (no dropout draws from it), and a rollout behind the update (train.max_staleness)
+            # samples from it on another thread meanwhile, which putting it back would disturb
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False,
+                                                                                    "preserve_rng_state": False})
             self.checkpointed_layers = [m for m in self.model.modules() if isinstance(m, GradientCheckpointingLayer)]
             if not self.checkpointed_layers:
                 raise ValueError(f"train.gradient_checkpointing: {type(self.model).__name__} has no checkpointable layers")
@@ -270,19 +275,23 @@ class PolicyTrainer:
         return out
 
     def _weight_metrics(self, weights: BehaviourWeights) -> dict[str, float]:
-        """The behaviour weights of an update over every rank's reply tokens (each epoch's): their
-        mean, standard deviation and largest before the cap, the share the cap cut, and the
-        share of tokens from stale calls."""
+        """The behaviour weights of an update's stale reply tokens, every rank's and epoch's:
+        their mean, standard deviation and largest before the cap, and the share the cap cut
+        (1, 0, 1 and 0 when none is stale: a fresh token's weight is 1); and the share of reply
+        tokens that are stale."""
         summed = self.collective.total({"total": weights.total, "squares": weights.squares, "truncated": weights.truncated,
                                         "stale": weights.stale, "tokens": weights.tokens})
-        tokens = max(summed["tokens"], 1.0)
-        mean = summed["total"] / tokens
         largest = self.collective.largest(weights.largest)
-        return {"behaviour_weight_mean": mean,
-                "behaviour_weight_std": max(summed["squares"] / tokens - mean * mean, 0.0) ** 0.5,
-                "behaviour_weight_max": largest,
-                "behaviour_weight_truncated_share": summed["truncated"] / tokens,
-                "stale_token_share": summed["stale"] / tokens}
+        stale = summed["stale"]
+        if not stale:
+            mean, deviation, largest, truncated = 1.0, 0.0, 1.0, 0.0
+        else:
+            mean = summed["total"] / stale
+            deviation = max(summed["squares"] / stale - mean * mean, 0.0) ** 0.5
+            truncated = summed["truncated"] / stale
+        return {"behaviour_weight_mean": mean, "behaviour_weight_std": deviation, "behaviour_weight_max": largest,
+                "behaviour_weight_truncated_share": truncated,
+                "stale_token_share": stale / max(summed["tokens"], 1.0)}
 
     # -- the update ----------------------------------------------------------------------
     def update(self, table: pl.DataFrame, seed: int = 0, learning_rate: float | None = None,
