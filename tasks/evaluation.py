@@ -41,8 +41,9 @@ def evaluate_split(
 @task(name="measure-exploitability", task_run_name="exploitability", cache_policy=ArtifactCachePolicy(step="exploitability"),
       **TASK_DEFAULTS)
 def measure_exploitability(settings: Settings, model: FileRef, checkpoint: FileRef | None, out_dir: str) -> FileRef | None:
-    """Kuhn Poker: ``checkpoint``'s (None: the starting policy's) exploitability, written to
-    ``out_dir/exploitability.json`` (:func:`mage.evaluation.play.write_exploitability`); None elsewhere."""
+    """Where it is measured (Kuhn Poker, an OpenSpiel game that fits): ``checkpoint``'s (None: the
+    starting policy's) exploitability, written to ``out_dir/exploitability.json``
+    (:func:`mage.evaluation.play.write_exploitability`); None elsewhere."""
     model.resolve()
     loaded = ckpt.Checkpoint.at(checkpoint.resolve()) if checkpoint is not None else None
     written = write_exploitability(settings, loaded, out_dir)

@@ -131,9 +131,11 @@ EXPLOITABILITY_FILE = "exploitability.json"
 
 
 def write_exploitability(settings: Settings, checkpoint: Checkpoint | None, out_dir: str | Path) -> Path | None:
-    """Kuhn Poker, played by a model: ``exploitability.json`` in ``out_dir``, the exploitability of
-    ``checkpoint`` (None: the starting policy; :func:`mage.evaluation.exploitability.of_run_policy`) with
-    its policy record; None (nothing written) for other games and the scripted backend."""
+    """A game whose exploitability is measured (Kuhn Poker, or an OpenSpiel game that fits:
+    :func:`mage.evaluation.exploitability.measured`), played by a model: ``exploitability.json`` in
+    ``out_dir``, the exploitability of ``checkpoint`` (None: the starting policy;
+    :func:`mage.evaluation.exploitability.of_run_policy`) with its policy record; None (nothing
+    written) for other games and the scripted backend."""
     from mage.evaluation import exploitability
 
     if not exploitability.measured(settings):

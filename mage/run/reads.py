@@ -41,7 +41,7 @@ READS: dict[str, tuple[str, ...]] = {
     "score": ("algo", "game.invalid_penalty", "game.length_penalty", "engine.sampling.max_new_tokens", "run.name",
               "paths.runs"),
     # one PPO update, and the checkpoint after it (its manifest records the run's identity)
-    # (and, on Kuhn Poker, the updated policy's exploitability: mage.evaluation.exploitability)
+    # (and, where it is measured, the updated policy's exploitability: mage.evaluation.exploitability)
     "update": ("train", "algo", "seed", "model.build", "run.name", "paths.runs", "population.league",
                "game.name", "game.params", "engine.backend", "engine.episodes", "engine.context_mode",
                "population.seat_split", "model.chat", "model.enable_thinking"),
@@ -49,7 +49,7 @@ READS: dict[str, tuple[str, ...]] = {
     "evaluate": ("eval", "engine", "game.name", "game.params", "population.train", "population.held_out",
                  "population.seat_split", "model", "run.name", "paths.evaluations",
                  "paths.start_evaluation", "seed"),
-    # Kuhn Poker's exploitability of a checkpoint or the starting policy in an evaluation
+    # the exploitability of a checkpoint or the starting policy in an evaluation (where it is measured)
     # (mage.evaluation.exploitability, through the evaluation's backend; the trainer's is the update's)
     "exploitability": ("engine", "game.name", "game.params", "population.seat_split", "model", "seed"),
     # the report of evaluation tables beside the starting policy's, and of the training rollouts
