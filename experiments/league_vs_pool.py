@@ -6,11 +6,12 @@ one after the other; then one table of what each run's report and run folder hol
     python experiments/league_vs_pool.py run WORK --seeds 0 1 [-S key=value ...]   # about 11 min a run on 2 cores
     python experiments/league_vs_pool.py run WORK --arms pool --seeds 0 1          # the main command alone
     python experiments/league_vs_pool.py summary WORK [WORK ...]
+    python experiments/league_vs_pool.py run WORK --arms pool --seeds 0 1 -S train.max_staleness=1   # behind the update
 
 ``-S`` overrides go to every run (the same budget for both arms). The summary gives per run:
-the training rollouts' invalid-reply rate and KL over the last iterations (the report's
-sentence), the held-out final-episode win rate with its 95% interval, the gain over the warm
-start, the exploitability of the final checkpoint and of the warm start, the exploitability
+``train.max_staleness``, the training rollouts' invalid-reply rate and KL over the last
+iterations (the report's sentence), the training split's gain over the warm start, the
+held-out final-episode win rate with its 95% interval, the gain over the warm start, the exploitability of the final checkpoint and of the warm start, the exploitability
 per iteration (``train/exploitability``), and the league's ratings after the last iteration.
 Several WORK folders give one table (runs of two commits side by side).
 """
@@ -58,8 +59,9 @@ def run(work: Path, seeds: list[int], overrides: list[str], arms: list[str]) -> 
             (clone / "commit.txt").write_text(commit + "\n")
 
 
-def held_out(report: dict) -> tuple[float, list[float], float | None, list[float] | None]:
-    body = report["splits"]["held_out"]
+def held_out(report: dict, split: str = "held_out") -> tuple[float, list[float], float | None, list[float] | None]:
+    """A split's pooled final-episode win rate with its interval, and its gain over the warm start with its interval."""
+    body = report["splits"][split]
     pooled = next(r for r in body["opponents"] if r["opponent"] == "all")
     gain = next((r for r in body.get("gains", []) if r["opponent"] == "all"), None)
     return (pooled["final_win_rate"], pooled["final_win_rate_ci"], gain and gain["final_win_rate_gain"],
@@ -67,15 +69,16 @@ def held_out(report: dict) -> tuple[float, list[float], float | None, list[float
 
 
 def summary(works: list[Path]) -> None:
-    print("| arm | seed | commit | training: invalid, KL (last iterations) | held out: final win [95%] | "
-          "gain over the warm start [95%] | exploitability: warm start -> final | per iteration | "
-          "league after the last iteration (mu) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| arm | seed | commit | train.max_staleness | training: invalid, KL (last iterations) | training split: gain "
+          "[95%] | held out: final win [95%] | gain over the warm start [95%] | exploitability: warm start -> final | "
+          "per iteration | league after the last iteration (mu) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for clone in (p for work in works for p in sorted(work.iterdir()) if (p / "commit.txt").is_file()):
         arm, seed = clone.name.rsplit("-seed", 1)
         params = yaml.safe_load((clone / "params.yaml").read_text())  # the experiment's, as DVC left it
         report = json.loads((clone / params["paths"]["report"] / "report.json").read_text())
         win, win_ci, gain, gain_ci = held_out(report)
+        _, _, train_gain, train_gain_ci = held_out(report, "train")
         sides = report.get("exploitability", {})
         run_dir = clone / params["paths"]["runs"] / params["run"]["name"]
         history = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
@@ -87,10 +90,13 @@ def summary(works: list[Path]) -> None:
         training_text = (f"{training['invalid_rate']:.3f}, {training['kl']:.3f} (iterations "
                          f"{training['window'][0]}-{training['window'][1]})" if training.get("window") else "-")
         gain_text = "-" if gain is None else f"{gain:+.3f} [{gain_ci[0]:+.3f}, {gain_ci[1]:+.3f}]"
+        train_gain_text = "-" if train_gain is None else \
+            f"{train_gain:+.3f} [{train_gain_ci[0]:+.3f}, {train_gain_ci[1]:+.3f}]"
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True,
                                 check=True).stdout.strip()  # what ran (commit.txt only says the run ended)
-        print(f"| {arm} | {seed} | {commit} | {training_text} | {win:.3f} [{win_ci[0]:.3f}, "
-              f"{win_ci[1]:.3f}] | {gain_text} | {exploitability} | {curve} | {league} |")
+        staleness = params["train"].get("max_staleness", 0)  # a run from before the key was at 0
+        print(f"| {arm} | {seed} | {commit} | {staleness} | {training_text} | {train_gain_text} | {win:.3f} "
+              f"[{win_ci[0]:.3f}, {win_ci[1]:.3f}] | {gain_text} | {exploitability} | {curve} | {league} |")
 
 
 def main() -> None:
