@@ -78,10 +78,7 @@ class Steps:
 
     def rollout(self, state: TrainingState, iteration: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
         """Every shard of the iteration (``flow.rollout_shards``), in turn, from the policy in memory."""
-        played = [steps.rollout(self.settings, state.backend(), iteration, shard, self.progress,
-                                snapshots=state.snapshots)
-                  for shard in range(self.settings.flow.rollout_shards)]
-        return [table for table, _ in played], [stats for _, stats in played]
+        return self._play(state, state.backend(), iteration, iteration - 1)
 
     def rollout_behind(self, state: TrainingState, iteration: int) -> Ahead:
         """Start every shard of ``iteration``'s rollout, in turn on a thread, on a copy of the
@@ -89,13 +86,13 @@ class Steps:
         caller updates the trainer's weights meanwhile."""
         state.sync_behind()
         backend, version = state.backend_behind(), state.iteration
+        return in_thread(lambda: self._play(state, backend, iteration, version), f"rollout-{iteration}-behind")
 
-        def play() -> tuple[list[pl.DataFrame], list[RolloutStats]]:
-            played = [steps.rollout(self.settings, backend, iteration, shard, self.progress, snapshots=state.snapshots,
-                                    policy_version=version) for shard in range(self.settings.flow.rollout_shards)]
-            return [table for table, _ in played], [stats for _, stats in played]
-
-        return in_thread(play, f"rollout-{iteration}-behind")
+    def _play(self, state: TrainingState, backend: Any, iteration: int,
+              version: int) -> tuple[list[pl.DataFrame], list[RolloutStats]]:
+        played = [steps.rollout(self.settings, backend, iteration, shard, self.progress, snapshots=state.snapshots,
+                                policy_version=version) for shard in range(self.settings.flow.rollout_shards)]
+        return [table for table, _ in played], [stats for _, stats in played]
 
     def score(self, tables: list[pl.DataFrame], iteration: int) -> pl.DataFrame:
         return steps.score(self.settings, tables, iteration)
